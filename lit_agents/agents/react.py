@@ -1,0 +1,186 @@
+"""ReAct loop: G attempts per task, all live episodes batched through the engine each step.
+
+Each episode is one `main` session: the first prompt is the env's instructions plus its first
+observation; every turn the policy writes one action (a completion closed by the chat format's end
+token), the env answers with an observation, and only the new tokens are prefilled next turn
+(the engine keeps each session's KV cache). Subclass it and override `parse_action` for a custom
+action format, or `observation_text` to change what the model sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+
+from lit_agents.envs.base import StepResult, Task, TextEnv
+from lit_agents.generation import GenerationEngine, SamplingParams
+from lit_agents.policy import AgentPolicy
+from lit_agents.types import Call, Rollout, Session
+
+
+@dataclass
+class _Episode:
+    task: Task
+    group_id: int
+    state: Any
+    pending: list[int]
+    pending_text: str
+    session: Session = field(default_factory=Session)
+    context: Any = None
+    steps: int = 0
+    reward: float = 0.0
+    success: bool = False
+    done: bool = False
+    reason: str = ""
+
+
+class ReActAgent:
+    """Think-act loop over a text environment, batched across episodes.
+
+    Args:
+        max_new_tokens: longest action (tokens) per turn.
+        temperature: sampling temperature for training rollouts.
+        top_p: nucleus sampling for training rollouts.
+        max_steps: actions per episode; ``None`` = the env's ``max_steps``.
+        max_context_tokens: an episode whose context would pass this ends (reward 0, ``meta.reason``
+            = ``"context"``) instead of crashing the model.
+        show_progress: a progress bar over decode steps.
+    """
+
+    def __init__(
+        self,
+        max_new_tokens: int = 48,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_steps: int | None = None,
+        max_context_tokens: int = 4096,
+        show_progress: bool = False,
+    ) -> None:
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_steps = max_steps
+        self.max_context_tokens = max_context_tokens
+        self.show_progress = show_progress
+
+    # ------------------------------------------------------------------ extension points
+    def parse_action(self, completion: str) -> str:
+        """The env action in a decoded completion (default: its first line)."""
+        return completion.strip().split("\n", 1)[0].strip()
+
+    def observation_text(self, result: StepResult) -> str:
+        return result.observation
+
+    # ------------------------------------------------------------------ rollouts
+    def run(
+        self,
+        policy: AgentPolicy,
+        env: TextEnv,
+        tasks: list[Task],
+        group_size: int = 1,
+        *,
+        greedy: bool = False,
+        seed: int = 0,
+        group_offset: int = 0,
+        policy_version: int = 0,
+    ) -> list[Rollout]:
+        """Play ``group_size`` episodes of every task; returns rollouts grouped by task."""
+        episodes = [
+            self._start(policy, env, task, group_offset + i) for i, task in enumerate(tasks) for _ in range(group_size)
+        ]
+        params = SamplingParams(
+            temperature=0.0 if greedy else self.temperature,
+            top_p=1.0 if greedy else self.top_p,
+            max_new_tokens=self.max_new_tokens,
+            stop_token_ids=policy.chat.stop_ids,
+        )
+        device = next(policy.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(seed)
+        engine = GenerationEngine(policy.model, pad_token_id=policy.pad_id, tokenizer=policy.tokenizer,
+                                  show_progress=self.show_progress)
+        role = policy.active_role or "default"
+        live = [e for e in episodes if not e.done]
+        while live:
+            completions = engine.generate([e.context for e in live], [e.pending for e in live], params, generator)
+            for episode, completion in zip(live, completions):
+                self._advance(policy, env, episode, completion, role, policy_version)
+            live = [e for e in live if not e.done]
+        return [self._finish(e) for e in episodes]
+
+    def _start(self, policy: AgentPolicy, env: TextEnv, task: Task, group_id: int) -> _Episode:
+        state, observation = env.reset(task)
+        prompt = policy.chat.start(env.instructions, observation)
+        return _Episode(task, group_id, state, prompt, observation)
+
+    def _advance(self, policy, env: TextEnv, episode: _Episode, completion, role: str, version: int) -> None:
+        text = policy.chat.decode_completion(completion.token_ids)
+        episode.session.calls.append(
+            Call(
+                prompt_ids=episode.pending,
+                completion_ids=list(completion.token_ids),
+                logprobs=list(completion.logprobs),
+                role=role,
+                policy_version=version,
+                prompt_text=episode.pending_text,
+                completion_text=text,
+            )
+        )
+        episode.context = completion.context
+        episode.steps += 1
+        try:
+            result = env.step(episode.state, self.parse_action(text))
+        except Exception as err:  # an env bug fails this episode only, never the run
+            rank_zero_warn(f"environment error on {episode.task.task_id}: {err!r}")
+            episode.done, episode.reason, episode.reward = True, "env_error", 0.0
+            return
+        episode.reward += result.reward
+        episode.success = episode.success or result.success
+        max_steps = self.max_steps or env.max_steps
+        observation = self.observation_text(result)
+        episode.pending = policy.chat.next(observation)
+        if completion.finish_reason == "length":  # close the unfinished turn as the template would
+            episode.pending = [policy.chat.end_id] + episode.pending
+        episode.pending_text = observation
+        if result.done or episode.success:
+            episode.done, episode.reason = True, "success" if episode.success else "done"
+        elif episode.steps >= max_steps:
+            episode.done, episode.reason = True, "max_steps"
+        elif episode.session.num_tokens + len(episode.pending) + self.max_new_tokens > self.max_context_tokens:
+            episode.done, episode.reason = True, "context"
+
+    @staticmethod
+    def _finish(episode: _Episode) -> Rollout:
+        return Rollout(
+            task_id=episode.task.task_id,
+            group_id=episode.group_id,
+            sessions=[episode.session],
+            reward=episode.reward,
+            success=episode.success,
+            meta={"steps": episode.steps, "reason": episode.reason},
+        )
+
+    # ------------------------------------------------------------------ demonstrations
+    def expert_rollout(self, policy: AgentPolicy, env: TextEnv, task: Task, group_id: int = 0) -> Rollout:
+        """The env's expert playing ``task``, tokenized exactly as the policy's own turns are."""
+        episode = self._start(policy, env, task, group_id)
+        max_steps = self.max_steps or env.max_steps
+        while not episode.done and episode.steps < max_steps:
+            action = env.expert_action(episode.state)
+            ids = policy.chat.completion(action)
+            episode.session.calls.append(
+                Call(prompt_ids=episode.pending, completion_ids=ids, logprobs=[0.0] * len(ids),
+                     role=policy.active_role or "default", prompt_text=episode.pending_text,
+                     completion_text=action)
+            )
+            result = env.step(episode.state, action)
+            episode.steps += 1
+            episode.reward += result.reward
+            episode.success = episode.success or result.success
+            episode.done = result.done or episode.success
+            episode.pending = policy.chat.next(self.observation_text(result))
+            episode.pending_text = result.observation
+        episode.reason = "success" if episode.success else "max_steps"
+        return self._finish(episode)

@@ -1,0 +1,177 @@
+"""Advantage estimators: pure functions from rewards (and group ids) to advantages.
+
+A *group* is the G rollouts of one task (ALGORITHMS.md, "Baseline advantages"). Every function
+here takes flat tensors, ``rewards: [N]`` and integer ``group_ids: [N]`` (any values, any order:
+rollouts of one group need not be contiguous) and returns one advantage per element.
+
+Implemented:
+
+- ``grpo_advantages``: ``(R_i - mean_g) / (std_g + eps)`` (GRPO, DeepSeekMath arXiv 2402.03300).
+- ``rloo_advantages``: ``R_i - mean_{j != i} R_j`` (RLOO, Ahmadian et al. arXiv 2402.14740).
+- ``zero_signal_fraction`` / ``group_has_signal``: which groups carry no learning signal.
+
+Conventions shared by the whole file (and by the Mosaic and RAO estimators that build on it):
+
+- ``std`` is the sample standard deviation (N - 1, torch's default); a group of one has std 0.
+- A group whose rewards are all equal (a group of one included) gets advantage exactly 0, decided
+  by comparing the group's min and max rather than by the float value of ``R - mean``, so that
+  rounding in the mean can never leak a tiny non-zero advantage.
+- All arithmetic is in float64 (rewards are few); the result has the dtype of ``rewards`` when it
+  is floating point, float32 otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "GroupStats",
+    "group_stats",
+    "grpo_advantages",
+    "rloo_advantages",
+    "group_has_signal",
+    "zero_signal_fraction",
+]
+
+
+class GroupStats(NamedTuple):
+    """Per-group statistics, broadcast back to the elements (every field is ``[N]``).
+
+    Attributes:
+        mean: mean reward of the element's group.
+        std: sample standard deviation of the group (0 for a group of one).
+        size: number of elements in the group (long).
+        total: sum of the group's rewards.
+        constant: True where every reward in the group is equal (groups of one included).
+    """
+
+    mean: Tensor
+    std: Tensor
+    size: Tensor
+    total: Tensor
+    constant: Tensor
+
+
+def _check_inputs(rewards: Tensor, group_ids: Tensor) -> None:
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
+    if group_ids.shape != rewards.shape:
+        raise ValueError(
+            f"group_ids shape {tuple(group_ids.shape)} != rewards shape {tuple(rewards.shape)}"
+        )
+    if group_ids.dtype.is_floating_point or group_ids.dtype == torch.bool:
+        raise ValueError(f"group_ids must be an integer tensor, got {group_ids.dtype}")
+
+
+def _out_dtype(rewards: Tensor) -> torch.dtype:
+    return rewards.dtype if rewards.dtype.is_floating_point else torch.float32
+
+
+def _group_index(group_ids: Tensor) -> tuple[Tensor, int]:
+    """Dense group index ``[N]`` in ``0..num_groups-1`` and the number of groups."""
+    unique, inverse = torch.unique(group_ids, return_inverse=True)
+    return inverse, unique.numel()
+
+
+def group_stats(rewards: Tensor, group_ids: Tensor) -> GroupStats:
+    """Mean, sample std, size, sum and constancy of each element's group.
+
+    Args:
+        rewards: ``[N]`` rewards.
+        group_ids: ``[N]`` integer group ids.
+
+    Returns:
+        ``GroupStats`` with every field ``[N]`` (float64 except ``size`` long, ``constant`` bool).
+    """
+    _check_inputs(rewards, group_ids)
+    index, num_groups = _group_index(group_ids)
+    r = rewards.detach().to(torch.float64)
+    zeros = r.new_zeros(num_groups)
+    size = torch.zeros(num_groups, dtype=torch.long, device=r.device).index_add_(
+        0, index, torch.ones_like(index)
+    )
+    total = zeros.index_add(0, index, r)
+    mean = total / size.clamp(min=1)
+    sq_dev = zeros.index_add(0, index, (r - mean[index]) ** 2)
+    std = torch.where(size > 1, (sq_dev / (size - 1).clamp(min=1)).sqrt(), zeros)
+    low = zeros.scatter_reduce(0, index, r, reduce="amin", include_self=False)
+    high = zeros.scatter_reduce(0, index, r, reduce="amax", include_self=False)
+    constant = low == high
+    return GroupStats(mean[index], std[index], size[index], total[index], constant[index])
+
+
+def grpo_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
+    """GRPO advantages: rewards standardized within their group.
+
+    ``A_i = (R_i - mean_g) / (std_g + eps)`` with the sample std; 0 for constant groups and
+    groups of one.
+
+    Args:
+        rewards: ``[N]`` outcome rewards.
+        group_ids: ``[N]`` integer group ids.
+        eps: added to the std.
+
+    Returns:
+        ``[N]`` advantages.
+    """
+    stats = group_stats(rewards, group_ids)
+    adv = (rewards.detach().to(torch.float64) - stats.mean) / (stats.std + eps)
+    adv = torch.where(stats.constant, torch.zeros_like(adv), adv)
+    return adv.to(_out_dtype(rewards))
+
+
+def rloo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """REINFORCE leave-one-out advantages.
+
+    ``A_i = R_i - mean_{j != i, j in g} R_j``; 0 for constant groups and groups of one.
+
+    Args:
+        rewards: ``[N]`` outcome rewards.
+        group_ids: ``[N]`` integer group ids.
+
+    Returns:
+        ``[N]`` advantages.
+    """
+    stats = group_stats(rewards, group_ids)
+    r = rewards.detach().to(torch.float64)
+    others = (stats.total - r) / (stats.size - 1).clamp(min=1)
+    adv = torch.where(stats.constant, torch.zeros_like(r), r - others)
+    return adv.to(_out_dtype(rewards))
+
+
+def group_has_signal(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """Which elements belong to a group with unequal rewards (a learning signal).
+
+    Use it to drop zero-signal groups from a batch (``rows[mask]``) where that is wanted.
+
+    Args:
+        rewards: ``[N]`` rewards.
+        group_ids: ``[N]`` integer group ids.
+
+    Returns:
+        ``[N]`` bool, False where the element's group has all rewards equal.
+    """
+    return ~group_stats(rewards, group_ids).constant
+
+
+def zero_signal_fraction(rewards: Tensor, group_ids: Tensor) -> float:
+    """Fraction of *groups* (not elements) whose rewards are all equal; 0.0 for no input.
+
+    Args:
+        rewards: ``[N]`` rewards.
+        group_ids: ``[N]`` integer group ids.
+
+    Returns:
+        A float in [0, 1], for logging (``rollout/zero_signal_frac``).
+    """
+    _check_inputs(rewards, group_ids)
+    if rewards.numel() == 0:
+        return 0.0
+    index, num_groups = _group_index(group_ids)
+    constant = group_stats(rewards, group_ids).constant
+    per_group = torch.zeros(num_groups, dtype=torch.bool, device=rewards.device)
+    per_group[index] = constant
+    return per_group.double().mean().item()

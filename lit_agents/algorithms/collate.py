@@ -1,0 +1,259 @@
+"""Training rows: sessions and demonstrations as token rows, and their batching.
+
+One row per context window (DESIGN.md): an append-only session becomes one ``Row`` holding
+exactly the sampled token ids, with ``action_mask`` True on the generated tokens, the sampler's
+log-probs and the session's advantage on those tokens. Supervised demonstrations are rows too,
+with ``action_mask`` on the target tokens. ``collate_rows`` pads rows into tensors.
+
+Alignment: index ``t`` of every per-token list or tensor describes token ``t``. The loss at token
+``t`` uses ``log p(token_t | tokens_<t)``, which ``losses.token_logprobs`` places at index ``t``.
+Nothing predicts token 0, so ``action_mask[0]`` is always False.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lit_agents.types import Rollout, Session
+
+__all__ = [
+    "Row",
+    "segments_row",
+    "demo_row",
+    "session_row",
+    "session_rows",
+    "collate_rows",
+    "batches_by_tokens",
+]
+
+
+@dataclass
+class Row:
+    """One training row: a token sequence and per-token training data (all lists same length).
+
+    Attributes:
+        input_ids: the tokens.
+        action_mask: True on trained tokens (generated tokens; SFT targets). False at index 0.
+        old_logprobs: the sampler's log-prob of each trained token, 0.0 elsewhere.
+        advantages: the advantage of each trained token, 0.0 elsewhere.
+        role: the adapter (role) that trains on this row.
+        meta: where the row came from (rollout index, session id, kind, depth, truncated, ...).
+    """
+
+    input_ids: list[int]
+    action_mask: list[bool]
+    old_logprobs: list[float]
+    advantages: list[float]
+    role: str = "default"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        lengths = (len(self.action_mask), len(self.old_logprobs), len(self.advantages))
+        if any(length != n for length in lengths):
+            raise ValueError(
+                f"Row lists differ in length: input_ids {n}, action_mask/old_logprobs/advantages "
+                f"{lengths}"
+            )
+        if n and self.action_mask[0]:
+            raise ValueError("action_mask[0] must be False: nothing predicts the first token")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_trained(self) -> int:
+        return sum(self.action_mask)
+
+
+def segments_row(
+    segments: list[tuple[list[int], bool]],
+    role: str = "default",
+    meta: dict[str, Any] | None = None,
+) -> Row:
+    """A supervised row from ``(ids, trained)`` segments, e.g. a multi-turn demonstration.
+
+    Args:
+        segments: token segments in order; ``trained`` marks target segments.
+        role: the adapter that trains on the row.
+        meta: extra row metadata.
+
+    Returns:
+        A ``Row`` with ``action_mask`` on the target segments and zero logprobs/advantages.
+    """
+    ids: list[int] = []
+    mask: list[bool] = []
+    for seg_ids, trained in segments:
+        ids += list(seg_ids)
+        mask += [bool(trained)] * len(seg_ids)
+    if mask and mask[0]:
+        raise ValueError("a demonstration must start with at least one untrained (prompt) token")
+    zeros = [0.0] * len(ids)
+    return Row(ids, mask, zeros, list(zeros), role=role, meta=dict(meta or {}))
+
+
+def demo_row(
+    prompt_ids: list[int],
+    target_ids: list[int],
+    role: str = "default",
+    meta: dict[str, Any] | None = None,
+) -> Row:
+    """A supervised row: ``prompt_ids + target_ids`` with the loss on the target only.
+
+    Args:
+        prompt_ids: the context (non-empty).
+        target_ids: the tokens to learn.
+        role: the adapter that trains on the row.
+        meta: extra row metadata.
+
+    Returns:
+        A ``Row``.
+    """
+    return segments_row([(prompt_ids, False), (target_ids, True)], role=role, meta=meta)
+
+
+def session_row(session: Session, advantage: float, max_tokens: int | None = None) -> Row | None:
+    """One session as a row, its advantage on its generated tokens.
+
+    The row holds ``Session.token_ids``; tokens past ``max_tokens`` are dropped (the prefix is
+    kept) and ``meta["truncated"]`` says so. A generated token at index 0 (a session whose first
+    call has an empty prompt) cannot be trained and is masked out.
+
+    Args:
+        session: an append-only session.
+        advantage: the session's advantage.
+        max_tokens: keep at most this many tokens.
+
+    Returns:
+        The row, or None when it has no trainable generated token.
+    """
+    ids, mask, logps = session.token_ids, session.action_mask, session.sampler_logprobs
+    truncated = max_tokens is not None and len(ids) > max_tokens
+    if truncated:
+        ids, mask, logps = ids[:max_tokens], mask[:max_tokens], logps[:max_tokens]
+    if mask:
+        mask[0] = False
+    if not any(mask):
+        return None
+    meta = {
+        "session_id": session.session_id,
+        "kind": session.kind,
+        "depth": session.depth,
+        "truncated": truncated,
+        "tokens_dropped": session.num_tokens - len(ids),
+    }
+    role = session.calls[0].role
+    advantages = [float(advantage) if m else 0.0 for m in mask]
+    logps = [lp if m else 0.0 for lp, m in zip(logps, mask)]
+    return Row(ids, mask, logps, advantages, role=role, meta=meta)
+
+
+def session_rows(
+    rollouts: list[Rollout],
+    session_advantages: list[list[float]],
+    max_tokens: int | None = None,
+) -> list[Row]:
+    """One row per session with generated tokens, over a batch of rollouts.
+
+    ``session_advantages[i][k]`` is copied to the generated tokens of ``rollouts[i].sessions[k]``.
+    Sessions with no generated token (also after truncation) give no row. Each row's ``meta``
+    holds ``rollout`` (index into ``rollouts``), ``group_id``, ``task_id``, ``session_id``,
+    ``kind``, ``depth``, ``truncated`` and ``tokens_dropped``; its role is the first call's role
+    (a session is assumed to have one role).
+
+    Args:
+        rollouts: the rollouts.
+        session_advantages: one advantage per session of each rollout.
+        max_tokens: truncate longer rows at the right to this many tokens.
+
+    Returns:
+        The rows, in rollout then session order.
+    """
+    if len(session_advantages) != len(rollouts):
+        raise ValueError(
+            f"{len(rollouts)} rollouts but {len(session_advantages)} advantage lists"
+        )
+    if max_tokens is not None and max_tokens < 2:
+        raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
+    rows: list[Row] = []
+    for i, (rollout, advs) in enumerate(zip(rollouts, session_advantages)):
+        if len(advs) != len(rollout.sessions):
+            raise ValueError(
+                f"rollout {i} has {len(rollout.sessions)} sessions but {len(advs)} advantages"
+            )
+        for session, adv in zip(rollout.sessions, advs):
+            row = session_row(session, adv, max_tokens) if session.num_generated else None
+            if row is not None:
+                row.meta.update(rollout=i, group_id=rollout.group_id, task_id=rollout.task_id)
+                rows.append(row)
+    return rows
+
+
+def collate_rows(rows: list[Row], pad_id: int) -> dict[str, Tensor]:
+    """Right-pad rows into a batch.
+
+    Args:
+        rows: the rows (at least one).
+        pad_id: token id for padding (its positions have ``attention_mask`` 0).
+
+    Returns:
+        ``input_ids [B, T]`` long, ``attention_mask [B, T]`` long, ``action_mask [B, T]`` bool,
+        ``old_logprobs [B, T]`` float32, ``advantages [B, T]`` float32, where ``T`` is the
+        longest row; padding is 0 / False everywhere except ``input_ids`` (``pad_id``).
+    """
+    if not rows:
+        raise ValueError("collate_rows needs at least one row")
+    B, T = len(rows), max(row.num_tokens for row in rows)
+    batch = {
+        "input_ids": torch.full((B, T), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros((B, T), dtype=torch.long),
+        "action_mask": torch.zeros((B, T), dtype=torch.bool),
+        "old_logprobs": torch.zeros((B, T), dtype=torch.float32),
+        "advantages": torch.zeros((B, T), dtype=torch.float32),
+    }
+    for b, row in enumerate(rows):
+        n = row.num_tokens
+        if n and row.action_mask[0]:
+            raise ValueError(f"row {b}: action_mask[0] must be False")
+        batch["input_ids"][b, :n] = torch.tensor(row.input_ids, dtype=torch.long)
+        batch["attention_mask"][b, :n] = 1
+        batch["action_mask"][b, :n] = torch.tensor(row.action_mask, dtype=torch.bool)
+        batch["old_logprobs"][b, :n] = torch.tensor(row.old_logprobs, dtype=torch.float32)
+        batch["advantages"][b, :n] = torch.tensor(row.advantages, dtype=torch.float32)
+    return batch
+
+
+def batches_by_tokens(rows: list[Row], max_tokens_per_batch: int) -> list[list[Row]]:
+    """Group rows into batches whose padded size ``len(batch) * longest`` fits a token budget.
+
+    Rows are sorted by length, longest first (ties keep input order), and filled greedily, so
+    rows of similar length share a batch and padding stays small; the result is deterministic.
+    A row longer than the budget goes alone into its own batch. Every row appears exactly once.
+
+    Args:
+        rows: the rows.
+        max_tokens_per_batch: budget on ``batch_size * padded_length``.
+
+    Returns:
+        The batches, longest rows first.
+    """
+    if max_tokens_per_batch < 1:
+        raise ValueError(f"max_tokens_per_batch must be positive, got {max_tokens_per_batch}")
+    order = sorted(range(len(rows)), key=lambda i: (-rows[i].num_tokens, i))
+    batches: list[list[Row]] = []
+    current: list[Row] = []
+    for i in order:
+        row = rows[i]
+        longest = current[0].num_tokens if current else row.num_tokens
+        if current and (len(current) + 1) * longest > max_tokens_per_batch:
+            batches.append(current)
+            current = []
+        current.append(row)
+    if current:
+        batches.append(current)
+    return batches

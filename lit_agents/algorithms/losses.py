@@ -1,0 +1,411 @@
+"""Policy-gradient, KL and SFT losses, and memory-bounded token log-probs.
+
+Pure functions over per-token tensors (ALGORITHMS.md, "Shared policy-gradient losses"). Shapes:
+``B`` rows, ``T`` tokens; index ``t`` describes token ``t`` (``collate.collate_rows`` aligns every
+tensor that way, and ``token_logprobs`` gives ``log p(token_t | tokens_<t)`` at index ``t``).
+``mask: [B, T]`` is True on the tokens that are trained (generated tokens, SFT targets).
+
+Every loss returns ``LossOutput(loss, stats)``: a scalar to backpropagate and detached scalar
+diagnostics named without a prefix (the module logs them under ``train/``).
+
+Implemented:
+
+- ``ppo_clip_loss``: PPO-clip with decoupled clip range (DAPO's clip-higher, arXiv 2503.14476:
+  ``eps_low=0.2``, ``eps_high=0.28``).
+- ``cispo_loss``: CISPO (MiniMax-M1, arXiv 2506.13585), RAO's choice: a REINFORCE loss weighted
+  by the stop-gradient importance ratio clipped to ``[0, max_ratio]``. The paper clips only above
+  (``1 + eps_high``); the lower bound 0 here is a no-op, as in ALGORITHMS.md.
+- ``kl_estimate`` / ``kl_loss``: k1, k2, k3 estimators of ``KL(pi || ref)`` with samples from pi
+  (Schulman, "Approximating KL divergence", 2020).
+- ``sft_loss``: mean NLL over target tokens.
+- ``token_logprobs``: log-probs of the given ids from last hidden states, in chunks under
+  ``torch.utils.checkpoint``, so the ``[B, T, V]`` logits never exist whole.
+
+Normalization: by default a loss is the mean over the mask's tokens (token-mean over the batch);
+``normalizer=c`` divides the masked sum by the constant ``c`` instead (Dr. GRPO, arXiv
+2503.20783), which removes the length bias of per-batch token counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+__all__ = [
+    "LossOutput",
+    "KLKind",
+    "masked_mean",
+    "ppo_clip_loss",
+    "cispo_loss",
+    "kl_estimate",
+    "kl_loss",
+    "sft_loss",
+    "token_logprobs",
+    "token_logprobs_and_entropy",
+]
+
+KLKind = Literal["k1", "k2", "k3"]
+
+
+class LossOutput(NamedTuple):
+    """A loss and its diagnostics.
+
+    Attributes:
+        loss: scalar tensor to backpropagate.
+        stats: detached scalar tensors (``clip_frac``, ``approx_kl``, ...).
+    """
+
+    loss: Tensor
+    stats: dict[str, Tensor]
+
+
+def masked_mean(x: Tensor, mask: Tensor, normalizer: float | None = None) -> Tensor:
+    """Mean of ``x`` over the True entries of ``mask``.
+
+    Entries outside the mask are ignored even when they are inf or nan (no nan leaks into values
+    or gradients). With no True entry the result is 0.
+
+    Args:
+        x: ``[B, T]`` (any shape matching ``mask``).
+        mask: ``[B, T]`` bool.
+        normalizer: if given, divide the masked sum by this constant instead of the token count.
+
+    Returns:
+        Scalar tensor.
+    """
+    mask = mask.bool()
+    total = torch.where(mask, x, torch.zeros_like(x)).sum()
+    if normalizer is not None:
+        if normalizer <= 0:
+            raise ValueError(f"normalizer must be positive, got {normalizer}")
+        return total / normalizer
+    return total / mask.sum().clamp(min=1)
+
+
+def _broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
+    """``[B]`` or ``[B, T]`` advantages as ``[B, T]`` (detached: advantages are targets)."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    return advantages.detach().to(like.dtype).expand_as(like)
+
+
+def _masked_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """``logp - sg(old_logp)`` on the mask, 0 elsewhere (``exp`` never overflows on padding)."""
+    return torch.where(mask, logp - old_logp.detach(), torch.zeros_like(logp))
+
+
+def _ratio_stats(log_ratio: Tensor, mask: Tensor, clipped: Tensor) -> dict[str, Tensor]:
+    """Detached diagnostics of the importance ratio over the mask (all scalars)."""
+    with torch.no_grad():
+        log_ratio = log_ratio.detach().float()
+        ratio = log_ratio.exp()
+        approx_kl = ratio - 1.0 - log_ratio  # k3 estimate of KL(old || new), samples from old
+        return {
+            "clip_frac": masked_mean(clipped.float(), mask),
+            "approx_kl": masked_mean(approx_kl, mask),
+            "ratio_mean": masked_mean(ratio, mask),
+            "ratio_max": torch.where(mask, ratio, torch.zeros_like(ratio)).max(),
+        }
+
+
+def ppo_clip_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    normalizer: float | None = None,
+) -> LossOutput:
+    """PPO clipped surrogate: ``-min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)``.
+
+    Args:
+        logp: ``[B, T]`` log-probs of the tokens under the current policy (with grad).
+        old_logp: ``[B, T]`` log-probs under the sampling policy.
+        advantages: ``[B, T]`` per-token or ``[B]`` per-row advantages.
+        mask: ``[B, T]`` bool, True on trained tokens.
+        eps_low: lower clip range.
+        eps_high: upper clip range.
+        normalizer: constant divisor instead of the token count (see ``masked_mean``).
+
+    Returns:
+        ``LossOutput``; stats ``clip_frac`` (fraction of tokens whose gradient the clip removes),
+        ``approx_kl`` (k3 of old vs new), ``ratio_mean``, ``ratio_max``.
+    """
+    mask = mask.bool()
+    adv = _broadcast_advantages(advantages, logp)
+    log_ratio = _masked_log_ratio(logp, old_logp, mask)
+    ratio = log_ratio.exp()
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
+    loss = masked_mean(-torch.minimum(unclipped, clipped), mask, normalizer)
+    was_clipped = ((ratio > 1.0 + eps_high) & (adv > 0)) | ((ratio < 1.0 - eps_low) & (adv < 0))
+    return LossOutput(loss, _ratio_stats(log_ratio, mask, was_clipped))
+
+
+def cispo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    max_ratio: float = 5.0,
+    normalizer: float | None = None,
+) -> LossOutput:
+    """CISPO: ``-sg(clip(ratio, 0, max_ratio)) * A * logp``.
+
+    Every token keeps a gradient (the clipped ratio is only a weight), unlike PPO-clip.
+
+    Args:
+        logp: ``[B, T]`` log-probs under the current policy (with grad).
+        old_logp: ``[B, T]`` log-probs under the sampling policy.
+        advantages: ``[B, T]`` per-token or ``[B]`` per-row advantages.
+        mask: ``[B, T]`` bool, True on trained tokens.
+        max_ratio: upper clip of the importance weight.
+        normalizer: constant divisor instead of the token count (see ``masked_mean``).
+
+    Returns:
+        ``LossOutput``; stats ``clip_frac`` (fraction of tokens with ratio above ``max_ratio``),
+        ``approx_kl``, ``ratio_mean``, ``ratio_max``.
+    """
+    mask = mask.bool()
+    adv = _broadcast_advantages(advantages, logp)
+    log_ratio = _masked_log_ratio(logp, old_logp, mask)
+    weight = log_ratio.detach().exp().clamp(0.0, max_ratio)
+    safe_logp = torch.where(mask, logp, torch.zeros_like(logp))
+    loss = masked_mean(-weight * adv * safe_logp, mask, normalizer)
+    return LossOutput(loss, _ratio_stats(log_ratio, mask, log_ratio.exp() > max_ratio))
+
+
+def _k1(log_ratio: Tensor) -> Tensor:
+    return log_ratio
+
+
+def _k2(log_ratio: Tensor) -> Tensor:
+    return 0.5 * log_ratio**2
+
+
+def _k3(log_ratio: Tensor) -> Tensor:
+    neg = -log_ratio  # ref - logp
+    return torch.expm1(neg) - neg
+
+
+_KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3}
+
+
+def _check_kl_kind(kind: str) -> None:
+    if kind not in _KL_ESTIMATORS:
+        raise ValueError(f"kind must be one of {sorted(_KL_ESTIMATORS)}, got {kind!r}")
+
+
+def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: KLKind = "k3") -> Tensor:
+    """Per-token estimate of ``KL(pi || ref)`` from tokens sampled from pi.
+
+    k1 ``logp - ref`` (unbiased, high variance, can be negative); k2 ``0.5 * (logp - ref)^2``;
+    k3 ``exp(ref - logp) - (ref - logp) - 1`` (unbiased, non-negative). All are 0 where
+    ``logp == ref``.
+
+    Args:
+        logp: ``[B, T]`` log-probs under the policy.
+        ref_logp: ``[B, T]`` log-probs under the reference (no grad is taken through it).
+        kind: which estimator.
+
+    Returns:
+        ``[B, T]`` per-token estimates.
+    """
+    _check_kl_kind(kind)
+    return _KL_ESTIMATORS[kind](logp - ref_logp.detach())
+
+
+def kl_loss(
+    logp: Tensor,
+    ref_logp: Tensor,
+    mask: Tensor,
+    kind: KLKind = "k3",
+    normalizer: float | None = None,
+) -> LossOutput:
+    """Masked mean of ``kl_estimate`` as a loss term (the caller multiplies by its coefficient).
+
+    Args:
+        logp: ``[B, T]`` log-probs under the policy.
+        ref_logp: ``[B, T]`` log-probs under the reference.
+        mask: ``[B, T]`` bool, True on the tokens the penalty applies to.
+        kind: which estimator.
+        normalizer: constant divisor instead of the token count (see ``masked_mean``).
+
+    Returns:
+        ``LossOutput``; stats ``kl`` (the token-mean estimate, detached).
+    """
+    _check_kl_kind(kind)
+    mask = mask.bool()
+    per_token = _KL_ESTIMATORS[kind](_masked_log_ratio(logp, ref_logp, mask))
+    loss = masked_mean(per_token, mask, normalizer)
+    return LossOutput(loss, {"kl": masked_mean(per_token.detach(), mask)})
+
+
+def sft_loss(logp: Tensor, mask: Tensor, normalizer: float | None = None) -> LossOutput:
+    """Negative log-likelihood of the target tokens (prompt tokens masked out).
+
+    Args:
+        logp: ``[B, T]`` log-probs of the tokens.
+        mask: ``[B, T]`` bool, True on target tokens.
+        normalizer: constant divisor instead of the token count (see ``masked_mean``).
+
+    Returns:
+        ``LossOutput``; stats ``nll`` (token-mean NLL, whatever the normalizer), ``ppl``
+        (``exp(nll)``), ``tokens`` (number of target tokens).
+    """
+    mask = mask.bool()
+    loss = masked_mean(-logp, mask, normalizer)
+    with torch.no_grad():
+        nll = masked_mean(-logp.detach().float(), mask)
+        stats = {"nll": nll, "ppl": nll.exp(), "tokens": mask.sum().float()}
+    return LossOutput(loss, stats)
+
+
+# ---------------------------------------------------------------------------------------------
+# Token log-probs from hidden states, chunked.
+
+
+def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    """``[n, V]`` float32 logits of ``[n, H]`` hidden states (matmul in the weight's dtype)."""
+    return F.linear(h.to(weight.dtype), weight, bias).float() / temperature
+
+
+def _chunk_logp(
+    h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float
+) -> Tensor:
+    """``[n]`` log-probs of ``targets [n]``."""
+    logits = _chunk_logits(h, weight, bias, temperature)
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return picked - logits.logsumexp(-1)
+
+
+def _chunk_logp_entropy(
+    h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float
+) -> Tensor:
+    """``[n, 2]``: log-probs of ``targets`` and entropies of the distributions."""
+    logp_all = _chunk_logits(h, weight, bias, temperature).log_softmax(-1)
+    picked = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    finite = logp_all.clamp(min=torch.finfo(logp_all.dtype).min)  # 0 * -inf would give nan
+    entropy = -(logp_all.exp() * finite).sum(-1)
+    return torch.stack([picked, entropy], dim=-1)
+
+
+def _chunked(
+    fn: Callable[..., Tensor],
+    trailing: tuple[int, ...],
+    hidden: Tensor,
+    weight: Tensor,
+    input_ids: Tensor,
+    bias: Tensor | None,
+    chunk_size: int,
+    temperature: float,
+    mask: Tensor | None,
+) -> Tensor:
+    """Apply ``fn`` to the predicting positions in chunks.
+
+    ``fn(h [n, H], weight, bias, targets [n], temperature)`` returns ``[n, *trailing]``; the
+    result is ``[B, T, *trailing]`` float32 with zeros at ``t = 0`` and outside ``mask``.
+    """
+    if hidden.dim() != 3 or input_ids.shape != hidden.shape[:2] or hidden.shape[1] < 1:
+        raise ValueError(
+            f"hidden must be [B, T, H] and input_ids [B, T]; got {tuple(hidden.shape)} "
+            f"and {tuple(input_ids.shape)}"
+        )
+    if chunk_size < 1 or temperature <= 0:
+        raise ValueError(f"need chunk_size >= 1, temperature > 0; got {chunk_size}, {temperature}")
+    B, T, H = hidden.shape
+    h = hidden[:, :-1].reshape(-1, H)  # the state at t-1 predicts token t
+    targets = input_ids[:, 1:].reshape(-1)
+    keep = None
+    if mask is not None:
+        keep = mask[:, 1:].reshape(-1).bool().nonzero().squeeze(-1)
+        h, targets = h.index_select(0, keep), targets.index_select(0, keep)
+    needs_grad = [t.requires_grad for t in (hidden, weight, bias) if t is not None]
+    use_ckpt = torch.is_grad_enabled() and any(needs_grad)
+    pieces = [h.new_zeros((0, *trailing), dtype=torch.float32)]
+    for start in range(0, h.shape[0], chunk_size):
+        args = (h[start : start + chunk_size], weight, bias, targets[start : start + chunk_size])
+        if use_ckpt:
+            pieces.append(checkpoint(fn, *args, temperature, use_reentrant=False))
+        else:
+            pieces.append(fn(*args, temperature))
+    flat = torch.cat(pieces)
+    if keep is not None:
+        flat = flat.new_zeros((B * (T - 1), *trailing)).index_copy(0, keep, flat)
+    out = flat.reshape(B, T - 1, *trailing)
+    return torch.cat([out.new_zeros((B, 1, *trailing)), out], dim=1)
+
+
+def token_logprobs(
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    input_ids: Tensor,
+    lm_head_bias: Tensor | None = None,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+    mask: Tensor | None = None,
+) -> Tensor:
+    """Log-prob of each token given the tokens before it, without materializing all logits.
+
+    ``out[:, t] = log_softmax((hidden[:, t-1] @ W.T + b) / temperature)[input_ids[:, t]]`` and
+    ``out[:, 0] = 0`` (nothing predicts the first token). The ``B*(T-1)``
+    predicting positions are processed ``chunk_size`` at a time, each chunk under
+    ``torch.utils.checkpoint``: only ``[chunk_size, V]`` logits exist at once, in the forward and
+    in the backward (recomputed), and none are saved for backward. The matmul runs in the
+    weight's dtype and the logits are cast to float32. Gradients flow to ``hidden`` and to the
+    weight (and bias) where they require grad.
+
+    Args:
+        hidden: ``[B, T, H]`` last hidden states (after the final norm).
+        lm_head_weight: ``[V, H]`` output embedding.
+        input_ids: ``[B, T]`` token ids.
+        lm_head_bias: ``[V]`` output bias, if the head has one.
+        chunk_size: predicting positions per chunk.
+        temperature: the sampler's temperature, so log-probs match the sampling distribution.
+        mask: optional ``[B, T]`` bool; only positions where it is True are computed (the rest
+            are 0), e.g. the action mask, which skips the prompt and observation tokens.
+
+    Returns:
+        ``[B, T]`` float32 log-probs.
+    """
+    return _chunked(
+        _chunk_logp, (), hidden, lm_head_weight, input_ids, lm_head_bias, chunk_size, temperature,
+        mask,
+    )
+
+
+def token_logprobs_and_entropy(
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    input_ids: Tensor,
+    lm_head_bias: Tensor | None = None,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+    mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``token_logprobs`` plus the entropy of each predicted distribution, in the same pass.
+
+    Costs one extra ``[chunk_size, V]`` softmax per chunk. Arguments as ``token_logprobs``.
+
+    Returns:
+        ``(logp, entropy)``, both ``[B, T]`` float32; ``entropy[:, t]`` is the entropy of the
+        distribution that predicted token ``t`` (0 at ``t = 0`` and outside ``mask``).
+    """
+    both = _chunked(
+        _chunk_logp_entropy,
+        (2,),
+        hidden,
+        lm_head_weight,
+        input_ids,
+        lm_head_bias,
+        chunk_size,
+        temperature,
+        mask,
+    )
+    return both[..., 0], both[..., 1]

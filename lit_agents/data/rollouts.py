@@ -1,0 +1,283 @@
+"""Data modules: online rollouts each epoch (RL) and expert demonstrations (SFT).
+
+Both share validation: greedy rollouts of the current policy on held-out ``test`` tasks, played
+lazily while Lightning's validation loop iterates, yielding lists of `Rollout` that the
+module's ``validation_step`` scores (``val/success``).
+
+`RolloutDataModule.train_dataloader` runs when Lightning reloads it (every epoch, with
+``reload_dataloaders_every_n_epochs=1``): it plays G attempts at each of this epoch's tasks with
+the current policy (``self.trainer.lightning_module.policy``, eval mode, no grad), asks the module
+to turn them into training rows (advantages + collate), and serves token-budgeted batches.
+Under DDP every rank plays its own tasks, whole groups on one rank.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, IterableDataset
+
+from lit_agents.agents.react import ReActAgent
+from lit_agents.algorithms.collate import Row, batches_by_tokens, collate_rows, session_rows
+from lit_agents.envs.base import Split, Task, TextEnv
+from lit_agents.types import Rollout
+
+
+class _Batches(IterableDataset):
+    """A fixed list of collated batches (an IterableDataset so no sampler is injected)."""
+
+    def __init__(self, batches: list[list[Row]], pad_id: int) -> None:
+        self.batches, self.pad_id = batches, pad_id
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for rows in self.batches:
+            yield collate_rows(rows, self.pad_id) if rows else {}  # {}: nothing to learn this step
+
+
+class _LazyRollouts(IterableDataset):
+    """Plays the tasks chunk by chunk when iterated; yields each chunk's rollouts."""
+
+    def __init__(self, datamodule: AgentDataModule, tasks: list[Task], chunk: int) -> None:
+        self.dm, self.tasks, self.chunk = datamodule, tasks, chunk
+
+    def __len__(self) -> int:
+        return -(-len(self.tasks) // self.chunk)
+
+    def __iter__(self) -> Iterator[list[Rollout]]:
+        for start in range(0, len(self.tasks), self.chunk):
+            yield self.dm.play(self.tasks[start : start + self.chunk], 1, greedy=self.dm.val_greedy, seed=start)
+
+
+class AgentDataModule(LightningDataModule):
+    """Environment, agent loop and held-out validation shared by the data modules.
+
+    Args:
+        env: the environment (``class_path`` in YAML).
+        agent: the agent loop; defaults to `ReActAgent()`.
+        val_tasks: held-out ``test`` tasks scored each validation (a fixed, seeded sample);
+            ``None`` = all of them.
+        val_greedy: greedy decoding for validation (else the agent's sampling settings).
+        val_chunk: tasks played per validation batch.
+        seed: seed for task sampling and rollouts.
+        save_rollouts: also write every rollout played to ``<log_dir>/rollouts/*.jsonl``.
+    """
+
+    def __init__(
+        self,
+        env: TextEnv,
+        agent: ReActAgent | None = None,
+        val_tasks: int | None = 64,
+        val_greedy: bool = True,
+        val_chunk: int = 64,
+        seed: int = 0,
+        save_rollouts: bool = False,
+    ) -> None:
+        super().__init__()
+        self.env = env
+        self.agent = agent or ReActAgent()
+        self.val_tasks = val_tasks
+        self.val_greedy = val_greedy
+        self.val_chunk = val_chunk
+        self.seed = seed
+        self.save_rollouts = save_rollouts
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def world(self) -> tuple[int, int]:
+        """(rank, world size); (0, 1) outside a trainer."""
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def rank_share(self, tasks: list[Task]) -> list[Task]:
+        rank, world = self.world
+        return tasks[rank::world]
+
+    def held_out_tasks(self, split: Split = "test") -> list[Task]:
+        tasks = list(self.env.tasks(split))
+        random.Random(self.seed).shuffle(tasks)
+        return tasks if self.val_tasks is None else tasks[: self.val_tasks]
+
+    def play(self, tasks: list[Task], group_size: int, *, greedy: bool, seed: int, group_offset: int = 0) -> list[Rollout]:
+        """Roll out the current policy (eval mode, no grad) on ``tasks``."""
+        module = self.trainer.lightning_module
+        policy = module.policy
+        was_training = policy.training
+        policy.eval()
+        try:
+            with torch.no_grad():
+                rollouts = self.agent.run(
+                    policy, self.env, tasks, group_size, greedy=greedy,
+                    seed=self.seed * 1_000_003 + seed, group_offset=group_offset,
+                    policy_version=module.global_step,
+                )
+        finally:
+            policy.train(was_training)
+        self._write(rollouts, "val" if greedy else "train")
+        return rollouts
+
+    def _write(self, rollouts: list[Rollout], split: str) -> None:
+        if not self.save_rollouts or self.trainer is None or self.trainer.log_dir is None:
+            return
+        folder = Path(self.trainer.log_dir) / "rollouts"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{split}-epoch{self.trainer.current_epoch:04d}-rank{self.world[0]}.jsonl"
+        with path.open("a") as f:
+            for rollout in rollouts:
+                f.write(json.dumps(rollout.to_dict()) + "\n")
+
+    def val_dataloader(self) -> DataLoader:
+        tasks = self.rank_share(self.held_out_tasks())
+        return DataLoader(_LazyRollouts(self, tasks, self.val_chunk), batch_size=None, collate_fn=_identity)
+
+    def _loader(self, batches: list[list[Row]]) -> DataLoader:
+        pad_id = self.trainer.lightning_module.policy.pad_id
+        return DataLoader(_Batches(batches, pad_id), batch_size=None)
+
+
+def _identity(x):
+    return x
+
+
+class RolloutDataModule(AgentDataModule):
+    """Online rollouts each epoch: G attempts at each of ``tasks_per_epoch`` train tasks.
+
+    Args:
+        tasks_per_epoch: tasks per epoch on each rank (whole groups stay on one rank).
+        group_size: attempts per task (G).
+        max_tokens_per_batch: token budget of one optimizer batch (rows are grouped greedily).
+        update_epochs: passes over the epoch's rows (PPO epochs); the first is on-policy.
+        split: task split to train on.
+        **kwargs: see `AgentDataModule`.
+    """
+
+    def __init__(
+        self,
+        env: TextEnv,
+        agent: ReActAgent | None = None,
+        tasks_per_epoch: int = 16,
+        group_size: int = 8,
+        max_tokens_per_batch: int = 16384,
+        update_epochs: int = 1,
+        split: Split = "train",
+        val_tasks: int | None = 64,
+        val_greedy: bool = True,
+        val_chunk: int = 64,
+        seed: int = 0,
+        save_rollouts: bool = False,
+    ) -> None:
+        super().__init__(env, agent, val_tasks, val_greedy, val_chunk, seed, save_rollouts)
+        self.tasks_per_epoch = tasks_per_epoch
+        self.group_size = group_size
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.update_epochs = update_epochs
+        self.split = split
+        self.last_rollouts: list[Rollout] = []
+        self.last_rollout_seconds = 0.0
+
+    def epoch_tasks(self, epoch: int) -> list[Task]:
+        """This rank's tasks for ``epoch``: a seeded pass through the shuffled train split."""
+        tasks = list(self.env.tasks(self.split))
+        rank, world = self.world
+        need = self.tasks_per_epoch * world
+        passes: dict[int, list[Task]] = {}
+        picked = []
+        for i in range(epoch * need, (epoch + 1) * need):
+            cycle, index = divmod(i, len(tasks))
+            if cycle not in passes:
+                passes[cycle] = list(tasks)
+                random.Random(self.seed * 7919 + cycle).shuffle(passes[cycle])
+            picked.append(passes[cycle][index])
+        return picked[rank::world]
+
+    def train_dataloader(self) -> DataLoader:
+        module = self.trainer.lightning_module
+        epoch = self.trainer.current_epoch
+        tasks = self.epoch_tasks(epoch)
+        offset = self.world[0] * self.tasks_per_epoch
+        started = time.perf_counter()
+        rollouts = self.play(tasks, self.group_size, greedy=False, seed=epoch, group_offset=offset)
+        self.last_rollouts, self.last_rollout_seconds = rollouts, time.perf_counter() - started
+        rows = module.rollouts_to_rows(rollouts)
+        batches: list[list[Row]] = []
+        rng = random.Random(self.seed * 31 + epoch)
+        for _ in range(self.update_epochs):
+            passes = batches_by_tokens(rows, self.max_tokens_per_batch)
+            rng.shuffle(passes)
+            batches += passes
+        # an epoch without learning signal (every group solved or every group failed) still
+        # yields one empty batch: an empty loader would make Lightning stop fitting
+        return self._loader(batches or [[]])
+
+
+class DemonstrationDataModule(AgentDataModule):
+    """Expert demonstrations on train tasks, tokenized exactly like the policy's own turns.
+
+    Args:
+        demos: number of expert episodes (cycling through the shuffled train tasks);
+            ``None`` = one per train task.
+        max_tokens_per_batch: token budget of one optimizer batch.
+        path: a JSONL file of demonstration rollouts (`Rollout.to_dict` per line): read from it
+            when it exists, written to it after generating otherwise. Bring your own demos here.
+        **kwargs: see `AgentDataModule`.
+    """
+
+    def __init__(
+        self,
+        env: TextEnv,
+        agent: ReActAgent | None = None,
+        demos: int | None = None,
+        max_tokens_per_batch: int = 8192,
+        path: str | None = None,
+        val_tasks: int | None = 64,
+        val_greedy: bool = True,
+        val_chunk: int = 64,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(env, agent, val_tasks, val_greedy, val_chunk, seed)
+        self.demos = demos
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.path = path
+        self.rows: list[Row] = []
+
+    def demo_tasks(self) -> list[Task]:
+        tasks = list(self.env.tasks("train"))
+        random.Random(self.seed).shuffle(tasks)
+        count = len(tasks) if self.demos is None else self.demos
+        return [tasks[i % len(tasks)] for i in range(count)]
+
+    def demonstrations(self) -> list[Rollout]:
+        """Expert rollouts, from ``path`` when it exists."""
+        if self.path and Path(self.path).exists():
+            with open(self.path) as f:
+                return [Rollout.from_dict(json.loads(line)) for line in f if line.strip()]
+        policy = self.trainer.lightning_module.policy
+        rollouts = [self.agent.expert_rollout(policy, self.env, task, i) for i, task in enumerate(self.demo_tasks())]
+        failed = [r.task_id for r in rollouts if not r.success]
+        if failed:
+            raise RuntimeError(f"the expert failed {len(failed)} demonstrations, e.g. {failed[:3]}")
+        if self.path:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "w") as f:
+                f.writelines(json.dumps(r.to_dict()) + "\n" for r in rollouts)
+        return rollouts
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and not self.rows:
+            rollouts = self.rank_share(self.demonstrations())
+            self.rows = session_rows(rollouts, [[1.0] * len(r.sessions) for r in rollouts])
+
+    def train_dataloader(self) -> DataLoader:
+        rows = list(self.rows)
+        random.Random(self.seed * 31 + self.trainer.current_epoch).shuffle(rows)
+        batches = batches_by_tokens(rows, self.max_tokens_per_batch)
+        random.Random(self.seed * 17 + self.trainer.current_epoch).shuffle(batches)
+        return self._loader(batches)

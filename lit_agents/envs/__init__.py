@@ -1,0 +1,6 @@
+"""Environments: the `TextEnv` protocol and the environments built on it."""
+
+from lit_agents.envs.base import StepResult, Task, TextEnv, play_expert
+from lit_agents.envs.textcraft import TextCraft
+
+__all__ = ["StepResult", "Task", "TextCraft", "TextEnv", "play_expert"]

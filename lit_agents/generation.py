@@ -1,0 +1,492 @@
+"""The rollout engine: batched, KV-cached, token-in/token-out sampling for many agent sessions.
+
+Agent loops step many episodes in lock-step. Each turn every live session appends its new tokens
+(an environment observation plus chat markup) and samples a completion. `GenerationEngine` is
+stateless: each session's key/value cache lives in an opaque `KVContext` handle that the caller
+passes back to continue the session, so only the new tokens are ever prefilled.
+
+How a call works:
+
+1. Every session's cache is dense on its own (per layer ``[1, kv_heads, T_i, head_dim]``, true
+   positions ``0..T_i-1``). For a batch, caches are left-padded to the longest and stacked; the new
+   tokens are left-padded within their chunk, so every row's last column is a real token. A 2D
+   attention mask (0 on pads) and explicit ``position_ids`` (true positions) make the padding
+   invisible: RoPE and learned absolute positions see the same numbers as an unpadded pass.
+2. The chunk is prefilled (``logits_to_keep=1``), then all unfinished rows decode step by step
+   into a cache buffer sized for the whole call (no concatenation per step). A finished row is
+   fed a masked pad until ``compact_fraction`` of the batch has finished, then the batch is
+   compacted with ``index_select``; both keep the other rows exact.
+3. Afterwards each row's real columns are gathered back into a dense per-session cache. The last
+   sampled token is not in the cache yet: the handle keeps it as ``pending_ids`` and the next call
+   feeds it ahead of the new tokens.
+
+Sampling uses one uniform number per session per step (inverse-CDF sampling), drawn for the whole
+original batch every step, so a seeded ``torch.Generator`` gives identical results run to run and
+the random stream does not depend on which rows have already finished.
+
+Limitations: attention-only decoders whose cache is a list of key/value tensors (Llama, Qwen2,
+Mistral, GPT-2, ...); not recurrent/linear-attention hybrids. Sliding-window layers are exact only
+while the padded batch fits in the window (checked: longer batches raise a ``ValueError``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one completion per session.
+
+    Attributes:
+        temperature: softmax temperature; 0 means greedy decoding.
+        top_p: nucleus sampling: keep the smallest set of most likely tokens whose probability
+            mass reaches ``top_p``, renormalized (1.0 keeps everything).
+        max_new_tokens: at most this many tokens per completion (``finish_reason="length"``).
+        stop_token_ids: stop after sampling any of these; the stop token is kept in the completion.
+        stop_strings: stop once the decoded completion contains any of these (needs the engine's
+            tokenizer). The completion ends with the token that completed the string, so text after
+            the string inside that same token is kept; strings spanning prompt and completion are
+            not detected.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if any(not s for s in self.stop_strings):
+            raise ValueError("stop_strings must not contain an empty string")
+
+
+@dataclass(frozen=True, eq=False)
+class KVContext:
+    """Opaque handle to one session's state; pass it back to `GenerationEngine.generate`.
+
+    The tensors are never modified in place (every call builds new ones), so handles can share
+    them: `GenerationEngine.fork` is free.
+
+    Attributes:
+        keys: per layer ``[1, kv_heads, T, head_dim]``, true positions ``0..T-1``.
+        values: per layer, same shapes as ``keys``.
+        pending_ids: tokens of the session not yet in the cache (the last sampled token).
+    """
+
+    keys: tuple[Tensor, ...]
+    values: tuple[Tensor, ...]
+    pending_ids: tuple[int, ...] = ()
+
+    @property
+    def num_cached(self) -> int:
+        """Tokens held in the cache."""
+        return self.keys[0].shape[-2] if self.keys else 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Length of the session so far (cached plus pending tokens)."""
+        return self.num_cached + len(self.pending_ids)
+
+
+@dataclass
+class Completion:
+    """One sampled completion.
+
+    Attributes:
+        token_ids: the sampled tokens (stop token included when one was sampled).
+        logprobs: log-prob of each sampled token under the distribution actually sampled from
+            (temperature and top-p renormalization applied). Under greedy decoding
+            (temperature 0) the model's log-prob at temperature 1 is reported.
+        finish_reason: ``stop`` (stop token or string) or ``length`` (``max_new_tokens`` reached).
+        context: the session's handle, to continue it with the next call.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
+    context: KVContext
+
+
+def sample_from_logits(
+    logits: Tensor, temperature: float, top_p: float, uniform: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Sample one token per row by inverse-CDF sampling; return the tokens and their log-probs.
+
+    Args:
+        logits: ``[B, V]`` next-token logits (any float dtype; computed in float32).
+        temperature: 0 for greedy (log-probs then at temperature 1), else the softmax temperature.
+        top_p: nucleus mass in (0, 1]; the kept tokens are renormalized.
+        uniform: ``[B]`` numbers in [0, 1), one per row (unused when greedy).
+
+    Returns:
+        tokens ``[B]`` (long) and logprobs ``[B]`` (float32) under the sampled-from distribution.
+    """
+    logits = logits.float()
+    if temperature == 0:
+        tokens = logits.argmax(-1)
+        logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
+        return tokens, logprobs
+    assert uniform is not None, "sampling needs uniform numbers"
+    logp = torch.log_softmax(logits / temperature, -1)
+    order = None
+    if top_p < 1.0:
+        logp, order = logp.sort(-1, descending=True)
+        probs = logp.exp()
+        # drop a token when the mass strictly before it already reaches top_p (the top token stays)
+        drop = (probs.cumsum(-1) - probs) >= top_p
+        logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), -1)
+    cdf = logp.exp().cumsum(-1)
+    total = cdf[:, -1:]
+    # strictly below the total, so the searched bin always has positive probability
+    target = torch.minimum(uniform.to(cdf)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    idx = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
+    logprobs = logp.gather(-1, idx).squeeze(-1)
+    tokens = idx.squeeze(-1) if order is None else order.gather(-1, idx).squeeze(-1)
+    return tokens, logprobs
+
+
+class _StopStrings:
+    """Detects stop strings by decoding the tail of each completion after every step."""
+
+    def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...]) -> None:
+        if tokenizer is None:
+            raise ValueError("stop_strings need a tokenizer: pass one to GenerationEngine")
+        self.tokenizer = tokenizer
+        self.stop_strings = stop_strings
+        # a token yields at least one byte and a character at most four bytes
+        self.window = 4 * max(len(s) for s in stop_strings) + 4
+
+    def hit(self, ids: list[int]) -> bool:
+        text = self.tokenizer.decode(ids[-self.window :], skip_special_tokens=False)
+        return any(s in text for s in self.stop_strings)
+
+
+@dataclass
+class _Batch:
+    """The working state of one `generate` call (``b`` rows in the batch, ``B`` sessions)."""
+
+    cache: DynamicCache
+    mask: Tensor  # [b, S] 1 on real columns
+    next_pos: Tensor  # [b] true position of the next fed token
+    rows: Tensor  # [b] session index of each batch row
+    live: Tensor  # [b] bool, still sampling
+
+
+class _BufferLayer(DynamicLayer):
+    """A cache layer written into a buffer sized for the whole call: no concatenation per step.
+
+    ``keys``/``values`` are views of the filled part, ``[b, kv_heads, filled, head_dim]``; the
+    buffer past it is uninitialized and never read.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity, self.filled = capacity, 0
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        b, _, _, dim = key_states.shape
+        self._buf_k = key_states.new_empty(b, key_states.shape[1], self.capacity, dim)
+        self._buf_v = value_states.new_empty(b, value_states.shape[1], self.capacity, value_states.shape[-1])
+
+    def _refresh(self) -> None:
+        self.keys = self._buf_k[..., : self.filled, :]
+        self.values = self._buf_v[..., : self.filled, :]
+
+    def fill_rows(self, keys: list[Tensor | None], values: list[Tensor | None], width: int) -> None:
+        """Write per-session ``[1, kv_heads, T_i, head_dim]`` caches right-aligned in ``width`` columns."""
+        ref = next(i for i, k in enumerate(keys) if k is not None)
+        b = len(keys)
+        self.lazy_initialization(keys[ref].expand(b, -1, -1, -1), values[ref].expand(b, -1, -1, -1))
+        for buf, rows in ((self._buf_k, keys), (self._buf_v, values)):
+            for i, part in enumerate(rows):
+                t = 0 if part is None else part.shape[-2]
+                buf[i, :, : width - t].zero_()  # pads must be finite: masked weights are 0, and 0 * nan = nan
+                if part is not None:
+                    buf[i, :, width - t : width] = part[0]
+        self.filled = width
+        self._refresh()
+
+    def update(
+        self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        if self.filled + n > self.capacity:
+            raise RuntimeError(f"cache buffer overflow ({self.filled} + {n} > {self.capacity})")
+        self._buf_k[..., self.filled : self.filled + n, :] = key_states
+        self._buf_v[..., self.filled : self.filled + n, :] = value_states
+        self.filled += n
+        self._refresh()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.filled
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        if self.is_initialized:
+            self._buf_k = self._buf_k.index_select(0, indices)
+            self._buf_v = self._buf_v.index_select(0, indices)
+            self._refresh()
+
+
+def _left_pad_caches(contexts: list[KVContext | None], width: int, capacity: int) -> DynamicCache:
+    """Stack per-session caches into one batch cache, right-aligned in ``width`` columns.
+
+    The cache has room for ``capacity`` columns in all (prefill and decode included).
+    """
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = functools.partial(_BufferLayer, capacity)
+    if width == 0:
+        return cache
+    live = [c if c is not None and c.num_cached > 0 else None for c in contexts]
+    num_layers = len(next(c for c in live if c is not None).keys)
+    for layer_idx in range(num_layers):
+        layer = _BufferLayer(capacity)
+        layer.fill_rows(
+            [c.keys[layer_idx] if c is not None else None for c in live],
+            [c.values[layer_idx] if c is not None else None for c in live],
+            width,
+        )
+        cache.layers.append(layer)
+    return cache
+
+
+def _extract_context(cache: DynamicCache, mask_row: Tensor, row: int, pending: int) -> KVContext:
+    """Gather batch row ``row``'s real columns into a dense single-session handle."""
+    idx = mask_row.nonzero().squeeze(-1)
+    keys = tuple(layer.keys[row].index_select(1, idx).unsqueeze(0) for layer in cache.layers)
+    values = tuple(layer.values[row].index_select(1, idx).unsqueeze(0) for layer in cache.layers)
+    return KVContext(keys=keys, values=values, pending_ids=(pending,))
+
+
+class GenerationEngine:
+    """Batched, KV-cached sampling for many sessions at once (see the module docstring).
+
+    Args:
+        model: a Hugging Face causal LM, or a peft ``PeftModel`` around one. Used as given (call
+            ``model.eval()`` first; the engine does not change its mode).
+        pad_token_id: the token fed on padded positions (always masked out).
+        tokenizer: needed only for ``SamplingParams.stop_strings``.
+        show_progress: show a tqdm bar over decode steps.
+        compact_fraction: drop finished rows from the batch (gathering the cache) once this
+            fraction of the batch has finished; until then they are fed masked pads. 0 drops them
+            at once, 1 never (only at the end). Results are identical either way; only speed differs.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pad_token_id: int,
+        tokenizer: Any = None,
+        show_progress: bool = False,
+        compact_fraction: float = 0.25,
+    ) -> None:
+        if not 0.0 <= compact_fraction <= 1.0:
+            raise ValueError(f"compact_fraction must be in [0, 1], got {compact_fraction}")
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.tokenizer = tokenizer
+        self.show_progress = show_progress
+        self.compact_fraction = compact_fraction
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        params = inspect.signature(base.forward).parameters
+        # transformers 5.x names the cache argument `cache`, older versions `past_key_values`
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._logits_to_keep = "logits_to_keep" in params
+        config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+        layer_types = getattr(config, "layer_types", None) or []
+        sliding = "sliding_attention" in layer_types
+        self._sliding_window: int | None = getattr(config, "sliding_window", None) if sliding else None
+
+    def fork(self, context: KVContext) -> KVContext:
+        """A handle that continues independently of ``context`` (tensors are shared, never mutated)."""
+        return dataclasses.replace(context)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        contexts: list[KVContext | None],
+        new_ids: list[list[int]],
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> list[Completion]:
+        """Sample one completion per session.
+
+        Args:
+            contexts: per session, ``None`` to start a new session whose whole prompt is
+                ``new_ids[i]``, or a handle from a previous call to continue that session.
+            new_ids: per session, the tokens appended before sampling (observation + markup).
+            params: the sampling parameters, shared by the batch.
+            generator: seeds the sampling (same seed, same inputs: same outputs).
+
+        Returns:
+            One `Completion` per session, in order; ``.context`` continues the session.
+        """
+        if len(contexts) != len(new_ids):
+            raise ValueError(f"{len(contexts)} contexts but {len(new_ids)} new_ids")
+        if not contexts:
+            return []
+        chunks = [
+            list(c.pending_ids if c is not None else ()) + list(ids) for c, ids in zip(contexts, new_ids)
+        ]
+        if any(not chunk for chunk in chunks):
+            raise ValueError("a new session needs at least one prompt token")
+        stop = _StopStrings(self.tokenizer, params.stop_strings) if params.stop_strings else None
+        batch, logits = self._prefill(contexts, chunks, params.max_new_tokens)
+        return self._decode(batch, logits, params, stop, generator)
+
+    def _forward(self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: DynamicCache) -> Tensor:
+        """One model call on ``[b, n]`` ids; returns the last position's logits ``[b, V]``."""
+        kwargs: dict[str, Any] = {self._cache_kwarg: cache, "use_cache": True}
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, **kwargs)
+        return out.logits[:, -1]
+
+    def _prefill(
+        self, contexts: list[KVContext | None], chunks: list[list[int]], max_new: int
+    ) -> tuple[_Batch, Tensor]:
+        """Stack the caches, prefill the left-padded chunks; return the batch and first logits."""
+        device = next(self.model.parameters()).device
+        cached = [c.num_cached if c is not None else 0 for c in contexts]
+        width, chunk_len = max(cached), max(len(chunk) for chunk in chunks)
+        if self._sliding_window is not None and width + chunk_len + max_new > self._sliding_window:
+            raise ValueError(
+                f"padded batch length {width + chunk_len + max_new} exceeds the model's sliding window "
+                f"({self._sliding_window}); the engine supports sliding-window layers only within it"
+            )
+        ids, pos, mask = [], [], []
+        for t, chunk in zip(cached, chunks):
+            pad = chunk_len - len(chunk)
+            ids.append([self.pad_token_id] * pad + chunk)
+            pos.append([0] * pad + list(range(t, t + len(chunk))))
+            mask.append([0] * (width - t) + [1] * t + [0] * pad + [1] * len(chunk))
+        cache = _left_pad_caches(contexts, width, width + chunk_len + max_new)
+        mask_t = torch.tensor(mask, dtype=torch.long, device=device)
+        logits = self._forward(
+            torch.tensor(ids, device=device), mask_t, torch.tensor(pos, device=device), cache
+        )
+        n = len(chunks)
+        batch = _Batch(
+            cache=cache,
+            mask=mask_t,
+            next_pos=torch.tensor([t + len(c) for t, c in zip(cached, chunks)], device=device),
+            rows=torch.arange(n, device=device),
+            live=torch.ones(n, dtype=torch.bool, device=device),
+        )
+        return batch, logits
+
+    def _decode(
+        self,
+        batch: _Batch,
+        logits: Tensor,
+        params: SamplingParams,
+        stop: _StopStrings | None,
+        generator: torch.Generator | None,
+    ) -> list[Completion]:
+        """Sample step by step until every row has stopped; assemble the completions."""
+        n, max_new, device = batch.rows.numel(), params.max_new_tokens, logits.device
+        tokens = torch.zeros(n, max_new, dtype=torch.long, device=device)
+        logprobs = torch.zeros(n, max_new, dtype=torch.float32, device=device)
+        n_gen = torch.zeros(n, dtype=torch.long, device=device)
+        stopped = torch.zeros(n, dtype=torch.bool, device=device)
+        stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long, device=device)
+        done: dict[int, KVContext] = {}
+        history: list[list[int]] = [[] for _ in range(n)]
+        bar = tqdm(total=max_new, desc="decode", leave=False, disable=not self.show_progress)
+        for step in range(max_new):
+            uniform = None
+            if params.temperature > 0:
+                gen_device = generator.device if generator is not None else device
+                uniform = torch.rand(n, generator=generator, device=gen_device).to(device)[batch.rows]
+            tok, lp = sample_from_logits(logits, params.temperature, params.top_p, uniform)
+            tokens[batch.rows, step], logprobs[batch.rows, step] = tok, lp
+            n_gen[batch.rows] += batch.live.long()
+            hit = torch.isin(tok, stop_ids) & batch.live
+            if stop is not None:
+                hit |= self._stop_string_hits(stop, batch, tok, history)
+            stopped[batch.rows] |= hit
+            batch.live &= ~hit
+            bar.update(1)
+            n_live = int(batch.live.sum())
+            if step == max_new - 1 or n_live == 0:
+                break
+            fed = torch.where(batch.live, tok, torch.full_like(tok, self.pad_token_id))
+            keep = self._maybe_compact(batch, n_live, tokens, n_gen, done)
+            if keep is not None:
+                fed = fed.index_select(0, keep)
+            batch.mask = torch.cat([batch.mask, batch.live.long()[:, None]], dim=1)
+            logits = self._forward(fed[:, None], batch.mask, batch.next_pos[:, None], batch.cache)
+            batch.next_pos += batch.live.long()
+        bar.close()
+        self._extract_rows(batch, torch.ones_like(batch.live), tokens, n_gen, done)
+        return self._completions(tokens, logprobs, n_gen, stopped, done)
+
+    @staticmethod
+    def _stop_string_hits(stop: _StopStrings, batch: _Batch, tok: Tensor, history: list[list[int]]) -> Tensor:
+        """``[b]`` bool: live rows whose completion now contains a stop string."""
+        hits = []
+        for row, t, live in zip(batch.rows.tolist(), tok.tolist(), batch.live.tolist()):
+            if live:
+                history[row].append(t)
+            hits.append(live and stop.hit(history[row]))
+        return torch.tensor(hits, dtype=torch.bool, device=tok.device)
+
+    def _maybe_compact(
+        self, batch: _Batch, n_live: int, tokens: Tensor, n_gen: Tensor, done: dict[int, KVContext]
+    ) -> Tensor | None:
+        """Drop finished rows once ``compact_fraction`` of the batch has finished; return the kept rows."""
+        finished = batch.live.numel() - n_live
+        if finished == 0 or finished < self.compact_fraction * batch.live.numel():
+            return None
+        self._extract_rows(batch, ~batch.live, tokens, n_gen, done)
+        keep = batch.live.nonzero().squeeze(-1)
+        batch.cache.batch_select_indices(keep)
+        batch.mask = batch.mask.index_select(0, keep)
+        batch.next_pos = batch.next_pos.index_select(0, keep)
+        batch.rows = batch.rows.index_select(0, keep)
+        batch.live = batch.live.index_select(0, keep)
+        return keep
+
+    @staticmethod
+    def _extract_rows(
+        batch: _Batch, select: Tensor, tokens: Tensor, n_gen: Tensor, done: dict[int, KVContext]
+    ) -> None:
+        """Store a dense handle for every selected batch row (keyed by session index)."""
+        mask = batch.mask.bool()
+        rows, n_last = batch.rows.tolist(), n_gen[batch.rows].tolist()
+        last = tokens[batch.rows, (n_gen[batch.rows] - 1).clamp(min=0)].tolist()
+        for j in select.nonzero().squeeze(-1).tolist():
+            if rows[j] not in done:
+                assert n_last[j] > 0
+                done[rows[j]] = _extract_context(batch.cache, mask[j], j, last[j])
+
+    @staticmethod
+    def _completions(
+        tokens: Tensor, logprobs: Tensor, n_gen: Tensor, stopped: Tensor, done: dict[int, KVContext]
+    ) -> list[Completion]:
+        out = []
+        for i, (ids, lps, n, s) in enumerate(
+            zip(tokens.tolist(), logprobs.tolist(), n_gen.tolist(), stopped.tolist())
+        ):
+            out.append(Completion(ids[:n], lps[:n], "stop" if s else "length", done[i]))
+        return out

@@ -1,0 +1,106 @@
+"""What every agent LightningModule shares: the policy, held-out validation, lean checkpoints.
+
+- ``validation_step`` scores a list of held-out rollouts played by the data module
+  (``val/success``, ``val/reward``, ``val/steps``, ``val/generated_tokens``), aggregated across
+  ranks by torchmetrics.
+- Checkpoints hold what trains (adapters, or every weight under full fine-tuning) and never the
+  frozen base: ``on_save_checkpoint`` drops frozen tensors and loading is non-strict.
+- ``on_train_epoch_start`` logs ``rollout/*`` for the epoch's training rollouts when the data
+  module played any.
+- One AdamW over the trainable parameters with optional linear warm-up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import grad_norm
+from torchmetrics import MeanMetric
+
+from lit_agents.algorithms.advantages import zero_signal_fraction
+from lit_agents.policy import AgentPolicy
+from lit_agents.types import Rollout
+
+
+class AgentModule(LightningModule):
+    """Base of the library's modules (one level deep; the maths lives in `algorithms/`).
+
+    Args:
+        policy: the model, tokenizer and adapters.
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        warmup_steps: linear learning-rate warm-up from 0 over this many optimizer steps.
+    """
+
+    def __init__(self, policy: AgentPolicy, lr: float = 1e-4, weight_decay: float = 0.0, warmup_steps: int = 0) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["policy"])
+        self.policy = policy
+        self.strict_loading = False  # checkpoints hold trainable tensors only
+        self.val_metrics = torch.nn.ModuleDict(
+            {name: MeanMetric() for name in ("success", "reward", "steps", "generated_tokens")}
+        )
+
+    # ------------------------------------------------------------------ data-module hooks
+    def rollouts_to_rows(self, rollouts: list[Rollout]):
+        """Advantages + collate: called by `RolloutDataModule` with each epoch's rollouts."""
+        raise NotImplementedError(f"{type(self).__name__} does not train on rollouts")
+
+    # ------------------------------------------------------------------ validation
+    def validation_step(self, rollouts: list[Rollout], batch_idx: int) -> None:
+        values = {
+            "success": [float(r.success) for r in rollouts],
+            "reward": [r.reward for r in rollouts],
+            "steps": [float(r.meta.get("steps", r.num_turns)) for r in rollouts],
+            "generated_tokens": [float(r.num_generated) for r in rollouts],
+        }
+        for name, vals in values.items():
+            self.val_metrics[name].update(torch.tensor(vals, device=self.device))
+        for name, metric in self.val_metrics.items():
+            self.log(f"val/{name}", metric, on_epoch=True, batch_size=len(rollouts), prog_bar=name == "success")
+
+    # ------------------------------------------------------------------ rollout metrics
+    def on_train_epoch_start(self) -> None:
+        dm = self.trainer.datamodule
+        rollouts: list[Rollout] = getattr(dm, "last_rollouts", [])
+        if not rollouts:
+            return
+        seconds = max(getattr(dm, "last_rollout_seconds", 0.0), 1e-9)
+        rewards = torch.tensor([r.reward for r in rollouts])
+        groups = torch.tensor([r.group_id for r in rollouts])
+        generated = sum(r.num_generated for r in rollouts)
+        stats = {
+            "rollout/success": sum(r.success for r in rollouts) / len(rollouts),
+            "rollout/reward": rewards.mean().item(),
+            "rollout/episode_length": sum(r.meta.get("steps", r.num_turns) for r in rollouts) / len(rollouts),
+            "rollout/generated_tokens_per_s": generated / seconds,
+            "rollout/seconds": seconds,
+            "rollout/zero_signal_frac": zero_signal_fraction(rewards, groups),
+        }
+        self.log_dict(stats, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(rollouts))
+
+    # ------------------------------------------------------------------ optimisation
+    def configure_optimizers(self) -> Any:
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the policy has no trainable parameters")
+        optimizer = torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        warmup = self.hparams.warmup_steps
+        if warmup <= 0:
+            return optimizer
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        norms = grad_norm(self.policy, norm_type=2)
+        if "grad_2.0_norm_total" in norms:
+            self.log("diag/grad_norm", norms["grad_2.0_norm_total"], on_step=True, on_epoch=False)
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        trainable = {f"policy.{n}" for n, p in self.policy.named_parameters() if p.requires_grad}
+        checkpoint["state_dict"] = {
+            k: v for k, v in checkpoint["state_dict"].items() if k in trainable or not k.startswith("policy.")
+        }

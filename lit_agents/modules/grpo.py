@@ -1,0 +1,109 @@
+"""GRPOPolicy: the flat single-session RL baseline every method is compared with.
+
+Group-relative policy optimisation on agent rollouts: G attempts per task, an outcome advantage
+per rollout (GRPO by default; any ``(rewards [N], group_ids [N]) -> [N]`` callable, e.g.
+`rloo_advantages`, set from YAML), copied to every generated token of the rollout's sessions,
+and a PPO-clip (default, eps 0.2/0.28) or CISPO loss against the sampler's log-probs. A KL
+penalty to a reference is added when a `KLAnchor` callback supplies reference log-probs
+(``batch["ref_logprobs"]``). Deviations from DeepSeekMath's GRPO: token-mean over the batch
+(Dr.-GRPO's constant normaliser is an option); zero-signal groups are dropped by default
+**[choice]**: their advantages are 0 and they would only cost compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from lit_agents.algorithms.advantages import grpo_advantages, group_has_signal
+from lit_agents.algorithms.collate import Row, session_rows
+from lit_agents.algorithms.losses import cispo_loss, kl_loss, ppo_clip_loss
+from lit_agents.modules.base import AgentModule
+from lit_agents.policy import AgentPolicy
+from lit_agents.types import Rollout
+
+AdvantageFn = Callable[[Tensor, Tensor], Tensor]
+
+
+class GRPOPolicy(AgentModule):
+    """Flat GRPO over agent rollouts.
+
+    Args:
+        policy: the model (its active role trains).
+        advantage: outcome advantage over a batch of rollouts: ``(rewards, group_ids) -> [N]``.
+        loss: ``"ppo"`` (PPO-clip) or ``"cispo"``.
+        eps_low: PPO lower clip.
+        eps_high: PPO upper clip.
+        cispo_max_ratio: CISPO importance-weight cap.
+        normalizer: ``None`` = token mean over the batch; a number = Dr.-GRPO constant divisor.
+        drop_zero_signal: drop groups whose rewards are all equal.
+        kl_estimator: estimator of the KL penalty when a `KLAnchor` is active.
+        temperature: sampling temperature the rollouts used (log-probs are computed at it).
+        max_row_tokens: truncate longer rows (prefix kept).
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        warmup_steps: linear learning-rate warm-up steps.
+    """
+
+    def __init__(
+        self,
+        policy: AgentPolicy,
+        advantage: AdvantageFn = grpo_advantages,
+        loss: Literal["ppo", "cispo"] = "ppo",
+        eps_low: float = 0.2,
+        eps_high: float = 0.28,
+        cispo_max_ratio: float = 5.0,
+        normalizer: float | None = None,
+        drop_zero_signal: bool = True,
+        kl_estimator: Literal["k1", "k2", "k3"] = "k3",
+        temperature: float = 1.0,
+        max_row_tokens: int | None = None,
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+    ) -> None:
+        super().__init__(policy, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps)
+        self.advantage = advantage
+        self.policy_loss = {
+            "ppo": partial(ppo_clip_loss, eps_low=eps_low, eps_high=eps_high, normalizer=normalizer),
+            "cispo": partial(cispo_loss, max_ratio=cispo_max_ratio, normalizer=normalizer),
+        }[loss]
+        self.kl_coef = 0.0  # set by a KLAnchor callback
+
+    def rollout_advantages(self, rollouts: list[Rollout]) -> Tensor:
+        """One outcome advantage per rollout. [N]. Override for your own estimator."""
+        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+        groups = torch.tensor([r.group_id for r in rollouts])
+        return self.advantage(rewards, groups)
+
+    def rollouts_to_rows(self, rollouts: list[Rollout]) -> list[Row]:
+        advantages = self.rollout_advantages(rollouts)
+        if self.hparams.drop_zero_signal and rollouts:
+            rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+            keep = group_has_signal(rewards, torch.tensor([r.group_id for r in rollouts])).tolist()
+            rollouts = [r for r, k in zip(rollouts, keep) if k]
+            advantages = advantages[torch.tensor(keep, dtype=torch.bool)]
+        per_session = [[a] * len(r.sessions) for r, a in zip(rollouts, advantages.tolist())]
+        return session_rows(rollouts, per_session, self.hparams.max_row_tokens)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
+        if not batch:  # no group with a learning signal this epoch: skip the update
+            return None
+        logp = self.policy.token_logprobs(batch["input_ids"], batch["attention_mask"], self.hparams.temperature)
+        mask = batch["action_mask"]
+        out = self.policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask)
+        loss = out.loss
+        size = len(logp)
+        if "ref_logprobs" in batch:
+            kl = kl_loss(logp, batch["ref_logprobs"], mask, self.hparams.kl_estimator)
+            loss = loss + self.kl_coef * kl.loss
+            self.log("train/kl", kl.stats["kl"], batch_size=size)
+            self.log("train/kl_coef", self.kl_coef, batch_size=size)
+        self.log("train/loss", loss, prog_bar=True, batch_size=size)
+        self.log("train/pg_loss", out.loss, batch_size=size)
+        self.log_dict({f"diag/{k}": v for k, v in out.stats.items()}, batch_size=size)
+        return loss

@@ -1,0 +1,336 @@
+"""AgentPolicy: a Hugging Face causal LM, its tokenizer and chat format, and named LoRA roles.
+
+One backbone serves every role (Multi2's planner and executor, a frozen reference): each role
+is a peft LoRA adapter, activated by name. The KL reference is free: the base with adapters
+disabled, or a frozen snapshot adapter. With ``finetune="full"`` every weight trains instead
+(used to train the embedded default from scratch) and the reference is the frozen copy a
+`KLAnchor` callback keeps.
+
+Models load by short name (`lit_agents.models.KNOWN_MODELS`), local folder, GGUF file or hub
+id; ``"tiny"`` is the embedded default (`lit_agents.tiny`). bf16 on GPU, fp32 on CPU; a 4-bit
+base through bitsandbytes on a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from lit_agents.algorithms.losses import token_logprobs
+from lit_agents.tiny import TinyConfig, embedded_default
+
+#: Attention projections by naming convention (Llama/Qwen/Mistral, GPT-2, GPT-NeoX/Falcon).
+ATTENTION_PROJECTIONS = (("q_proj", "k_proj", "v_proj", "o_proj"), ("c_attn",), ("query_key_value",))
+
+#: Used where a tokenizer has no chat template: role headers and the EOS token closing each turn.
+FALLBACK_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+class ChatFormat:
+    """Token ids of a conversation, built turn by turn from the tokenizer's chat template.
+
+    The agent loop never re-tokenizes earlier turns: `start` gives the first prompt, `next` the
+    ids that follow a sampled completion (which ended with `end_id`) up to the next generation
+    prompt, and `completion` the ids of a demonstration action. Pieces are split at special
+    tokens, so concatenating them equals tokenizing the rendered conversation.
+    """
+
+    _MARK = "\x00MARK\x00"
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        if tokenizer.chat_template is None:
+            if tokenizer.eos_token is None:
+                raise ValueError("tokenizer has neither a chat template nor an EOS token")
+            tokenizer.chat_template = FALLBACK_TEMPLATE
+        self.tokenizer = tokenizer
+        probe = [{"role": "user", "content": "u"}, {"role": "assistant", "content": self._MARK}]
+        text = self._render(probe, add_generation_prompt=False)
+        after = text[text.index(self._MARK) + len(self._MARK) :]
+        after_ids = self._encode(after)
+        if not after_ids or after_ids[0] not in tokenizer.all_special_ids:
+            raise ValueError(
+                "the chat template does not close an assistant turn with a special token; "
+                f"after the assistant text it renders {after!r}"
+            )
+        self.end_id: int = after_ids[0]
+        self._trailer = after_ids[1:]
+        self._probe_text = text
+
+    def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        return (self.end_id,)
+
+    def start(self, system: str, user: str) -> list[int]:
+        """Ids of the first prompt (system + user message + generation prompt)."""
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": user})
+        try:
+            text = self._render(messages, add_generation_prompt=True)
+        except Exception:  # templates without a system role: fold it into the user message
+            text = self._render(
+                [{"role": "user", "content": f"{system}\n\n{user}"}], add_generation_prompt=True
+            )
+        return self._encode(text)
+
+    def next(self, user: str) -> list[int]:
+        """Ids after a completion that ended with `end_id`: trailer + user message + generation prompt."""
+        base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": self._MARK}]
+        more = self._render(base + [{"role": "user", "content": user}], add_generation_prompt=True)
+        return self._trailer + self._encode(more[len(self._probe_text) :])
+
+    def completion(self, text: str) -> list[int]:
+        """Ids of an assistant message as the policy would sample it (text + end token)."""
+        return self._encode(text) + [self.end_id]
+
+    def decode_completion(self, ids: list[int]) -> str:
+        """The action text of a sampled completion (special tokens dropped, whitespace stripped)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+
+def _torch_dtype(dtype: str) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def default_lora_targets(model: nn.Module) -> list[str]:
+    """All attention projections of the model, by naming convention [choice: ALGORITHMS.md]."""
+    names = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, nn.Linear)}
+    names |= {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if type(mod).__name__ == "Conv1D"}
+    for group in ATTENTION_PROJECTIONS:
+        found = [n for n in group if n in names]
+        if found:
+            return found
+    raise ValueError(f"no known attention projections in {type(model).__name__}; set lora_targets")
+
+
+class AgentPolicy(nn.Module):
+    """A causal LM with a chat format and named LoRA roles.
+
+    Args:
+        model: ``"tiny"`` (the embedded default), a short name from
+            `lit_agents.models.KNOWN_MODELS` (e.g. ``"smollm2-135m"``), a local folder, a
+            ``.gguf`` file or a hub id.
+        tiny: size of the embedded default (only with ``model="tiny"``).
+        finetune: ``"lora"`` trains one adapter per role on a frozen base; ``"full"`` trains
+            every weight (for small models trained from scratch).
+        roles: adapter names to create (LoRA only). The first is active after construction.
+        adapters: role -> folder of a saved peft adapter to start that role from (trainable).
+        lora_r: LoRA rank.
+        lora_alpha: LoRA alpha.
+        lora_dropout: LoRA dropout.
+        lora_targets: module names to adapt; ``None`` = all attention projections,
+            ``"all-linear"`` = every linear layer but the output head.
+        dtype: ``"auto"`` = bf16 on GPU, fp32 on CPU.
+        load_in_4bit: 4-bit NF4 base through bitsandbytes (QLoRA); needs a CUDA GPU.
+        attn_implementation: ``"sdpa"``, ``"eager"``, ``"flash_attention_2"``...
+        gradient_checkpointing: recompute activations in backward to save memory.
+        logprob_chunk_size: positions per chunk when computing log-probs (bounds the logits memory).
+    """
+
+    def __init__(
+        self,
+        model: str = "tiny",
+        tiny: TinyConfig | None = None,
+        finetune: Literal["lora", "full"] = "lora",
+        roles: list[str] | None = None,
+        adapters: dict[str, str] | None = None,
+        lora_r: int = 16,
+        lora_alpha: int = 32,
+        lora_dropout: float = 0.05,
+        lora_targets: list[str] | str | None = None,
+        dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+        load_in_4bit: bool = False,
+        attn_implementation: str | None = "sdpa",
+        gradient_checkpointing: bool = False,
+        logprob_chunk_size: int = 1024,
+    ) -> None:
+        super().__init__()
+        if tiny is not None and model != "tiny":
+            raise ValueError(f"`tiny` sizes the embedded default only, but model={model!r}")
+        if finetune == "full" and (roles or adapters or load_in_4bit):
+            raise ValueError("finetune='full' trains the whole model: roles, adapters and load_in_4bit do not apply")
+        self.name = model
+        self.finetune = finetune
+        self.logprob_chunk_size = logprob_chunk_size
+        self.lora_settings = dict(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, targets=lora_targets)
+        base, self.tokenizer = self._load(model, tiny, dtype, load_in_4bit, attn_implementation)
+        if gradient_checkpointing:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.chat = ChatFormat(self.tokenizer)
+        self.model: nn.Module = base
+        if finetune == "lora" and not lora_targets:
+            self.lora_settings["targets"] = default_lora_targets(base)
+        self._roles: list[str] = []
+        if finetune == "lora":
+            for role in roles or ["default"]:
+                self.add_role(role)
+            for role, path in (adapters or {}).items():
+                self.load_role(role, path, trainable=True)
+            self.set_role(self._roles[0])
+
+    # ----------------------------------------------------------------------------- loading
+    @staticmethod
+    def _load(model: str, tiny: TinyConfig | None, dtype: str, load_in_4bit: bool, attn: str | None):
+        from lit_agents.models import ModelSource, load_pretrained, resolve_model
+
+        source = ModelSource(embedded_default(tiny)) if model == "tiny" else resolve_model(model)
+        quantization = None
+        if load_in_4bit:
+            if not torch.cuda.is_available():
+                raise ValueError(
+                    "load_in_4bit needs a CUDA GPU: bitsandbytes' 4-bit base runs on GPU only. "
+                    "Set load_in_4bit: false to train in full precision on this machine."
+                )
+            from transformers import BitsAndBytesConfig
+
+            quantization = BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_compute_dtype=torch.bfloat16,
+                bnb_4bit_use_double_quant=True,
+            )
+        return load_pretrained(
+            source, dtype=_torch_dtype(dtype), quantization_config=quantization, attn_implementation=attn
+        )
+
+    # ----------------------------------------------------------------------------- roles
+    @property
+    def roles(self) -> list[str]:
+        return list(self._roles)
+
+    @property
+    def active_role(self) -> str | None:
+        return getattr(self.model, "active_adapter", None) if self._roles else None
+
+    def add_role(self, role: str, trainable: bool = True) -> None:
+        """Add a fresh LoRA adapter named ``role``."""
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        if self.finetune != "lora":
+            raise ValueError("roles need finetune='lora'")
+        if role in self._roles:
+            raise ValueError(f"role {role!r} exists already")
+        s = self.lora_settings
+        config = LoraConfig(
+            r=s["r"],
+            lora_alpha=s["lora_alpha"],
+            lora_dropout=s["lora_dropout"],
+            target_modules=s["targets"],
+            task_type="CAUSAL_LM",
+        )
+        if isinstance(self.model, PeftModel):
+            self.model.add_adapter(role, config)
+        else:
+            self.model = get_peft_model(self.model, config, adapter_name=role)
+        self._roles.append(role)
+        self._set_trainable(role, trainable)
+
+    def load_role(self, role: str, path: str | Path, trainable: bool = False) -> None:
+        """Load a saved peft adapter as ``role`` (replacing an existing role of that name)."""
+        from peft import PeftModel
+
+        path = str(path)
+        if not (Path(path) / "adapter_config.json").exists():
+            raise FileNotFoundError(f"no peft adapter at {path} (adapter_config.json missing)")
+        if role in self._roles:
+            self.model.delete_adapter(role)
+            self._roles.remove(role)
+        if isinstance(self.model, PeftModel):
+            self.model.load_adapter(path, adapter_name=role, is_trainable=trainable)
+        else:
+            self.model = PeftModel.from_pretrained(self.model, path, adapter_name=role, is_trainable=trainable)
+        self._roles.append(role)
+        self._set_trainable(role, trainable)
+
+    def _set_trainable(self, role: str, trainable: bool) -> None:
+        for name, param in self.model.named_parameters():
+            if f".{role}." in name and "lora_" in name:
+                param.requires_grad_(trainable)
+
+    def set_role(self, role: str) -> None:
+        """Route forward passes through adapter ``role`` (keeps each role's trainable flags)."""
+        if role not in self._roles:
+            raise KeyError(f"unknown role {role!r}; roles: {self._roles}")
+        flags = {n: p.requires_grad for n, p in self.model.named_parameters()}
+        self.model.set_adapter(role)
+        for name, param in self.model.named_parameters():  # peft's set_adapter resets these
+            param.requires_grad_(flags[name])
+
+    @contextlib.contextmanager
+    def adapters_disabled(self) -> Iterator[None]:
+        """The frozen base model: the free KL reference under LoRA."""
+        if not self._roles:
+            raise ValueError("no adapters to disable (finetune='full')")
+        with self.model.disable_adapter():
+            yield
+
+    @contextlib.contextmanager
+    def role(self, role: str) -> Iterator[None]:
+        """Temporarily activate ``role``."""
+        previous = self.active_role
+        self.set_role(role)
+        try:
+            yield
+        finally:
+            self.set_role(previous)
+
+    def save_role(self, role: str, folder: str | Path) -> Path:
+        """Save adapter ``role`` in peft's format to ``folder/role`` (loads with plain
+        `PeftModel.from_pretrained(base, folder/role)`)."""
+        target = Path(folder) / role
+        if role == "default":
+            self.model.save_pretrained(target, selected_adapters=[role])
+        else:
+            self.model.save_pretrained(folder, selected_adapters=[role])
+        return target
+
+    def save_pretrained(self, folder: str | Path) -> None:
+        """Save the whole model and tokenizer (full fine-tuning), loadable as ``model: folder``."""
+        model = self.model.merge_and_unload() if self._roles else self.model
+        model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+
+    # ----------------------------------------------------------------------------- compute
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id
+
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Last-layer hidden states after the final norm. [B, T] -> [B, T, H]."""
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        decoder = self.model.get_decoder()
+        return decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+
+    def token_logprobs(self, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0) -> Tensor:
+        """log p(token t | tokens < t) for every position, 0 at t = 0. [B, T] -> [B, T] (fp32)."""
+        hidden = self.hidden_states(input_ids, attention_mask)
+        head = self.model.get_output_embeddings()
+        return token_logprobs(
+            hidden,
+            head.weight,
+            input_ids,
+            lm_head_bias=head.bias,
+            chunk_size=self.logprob_chunk_size,
+            temperature=temperature,
+        )
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)

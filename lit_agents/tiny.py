@@ -1,0 +1,152 @@
+"""The embedded default model: a tokenizer built from environment text and a small random model.
+
+With no model named, every config runs on a laptop CPU with no download: a byte-level BPE
+tokenizer is trained (with `tokenizers`) on the text the environments show and accept, saved as
+a `PreTrainedTokenizerFast` with special tokens for turns and roles and a chat template, and a
+small randomly initialised Qwen2 or Llama model is built from a transformers config. Both are
+written to a folder and loaded back through the same `from_pretrained` path as any checkpoint,
+so the rest of the library never special-cases them. Building is deterministic (fixed corpus
+order and init seed), and the folder is cached by a hash of the settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+PAD, END, SYSTEM, USER, ASSISTANT = "<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"
+SPECIAL_TOKENS = [PAD, END, SYSTEM, USER, ASSISTANT]
+
+#: A minimal chat template: `<|role|>content<|end|>` per message. `<|end|>` is also the EOS, so
+#: the policy learns to stop by sampling it, and the agent loop stops generation on it.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@dataclass
+class TinyConfig:
+    """Size of the embedded default model.
+
+    Attributes:
+        arch: transformers architecture to instantiate.
+        vocab_size: BPE vocabulary size (special tokens included).
+        hidden_size: model width.
+        num_layers: decoder layers.
+        num_heads: attention heads.
+        num_kv_heads: key/value heads (grouped-query attention).
+        intermediate_size: MLP width.
+        max_position_embeddings: longest context.
+        seed: initialisation seed.
+    """
+
+    arch: Literal["qwen2", "llama"] = "qwen2"
+    vocab_size: int = 2048
+    hidden_size: int = 192
+    num_layers: int = 4
+    num_heads: int = 6
+    num_kv_heads: int = 2
+    intermediate_size: int = 512
+    max_position_embeddings: int = 4096
+    seed: int = 0
+
+
+def default_corpus() -> Iterator[str]:
+    """Text of the environments shipped with the library (their `corpus()`), in a fixed order."""
+    from lit_agents.envs.textcraft import TextCraft
+
+    yield from TextCraft(min_depth=1, max_depth=10).corpus()
+
+
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on ``corpus`` (exact round-trip on any text)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        eos_token=END,
+        additional_special_tokens=[SYSTEM, USER, ASSISTANT],
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, cfg: TinyConfig) -> PreTrainedModel:
+    """A randomly initialised causal LM of the given size, seeded for reproducibility."""
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    config_cls, model_cls = {
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "llama": (LlamaConfig, LlamaForCausalLM),
+    }[cfg.arch]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        return model_cls(config_cls(**common))
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LIT_AGENTS_CACHE", Path.home() / ".cache" / "lit_agents"))
+
+
+def embedded_default(cfg: TinyConfig | None = None, path: str | os.PathLike | None = None) -> str:
+    """Build (once) and return the folder of the embedded default model + tokenizer.
+
+    Args:
+        cfg: model size; defaults to `TinyConfig()`.
+        path: where to write it; defaults to a cache folder keyed by a hash of ``cfg``.
+    """
+    cfg = cfg or TinyConfig()
+    key = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode()).hexdigest()[:12]
+    folder = Path(path) if path is not None else cache_root() / f"tiny-{key}"
+    if (folder / "config.json").exists() and (folder / "tokenizer.json").exists():
+        return str(folder)
+    tokenizer = build_tokenizer(default_corpus(), cfg.vocab_size)
+    model = build_model(tokenizer, cfg)
+    # write to a private folder then rename, so a concurrent or killed build never leaves half
+    # a model behind
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.replace(folder)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(folder)

@@ -1,0 +1,144 @@
+"""The one data model: a rollout is a graph of sessions, a session a list of LLM calls.
+
+Every method in the library is a view of this structure (see DESIGN.md): advantage functions
+read rewards off rollouts and sessions; `algorithms/collate.py` turns each append-only session
+into one training row, training on exactly the token ids that were sampled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+SessionKind = Literal["main", "compaction", "subagent"]
+
+
+@dataclass
+class Call:
+    """One LLM call, token-in/token-out.
+
+    Attributes:
+        prompt_ids: the tokens appended to the session's context before this call (for the first
+            call of a session the whole prompt; afterwards the environment observation plus chat
+            markup). Never trained on.
+        completion_ids: the sampled tokens, stop token included when one was sampled.
+        logprobs: the sampler's log-probability of each completion token (same length).
+        role: the adapter (role) that produced the completion.
+        policy_version: the optimizer step of the policy that sampled it.
+        prompt_text: the text behind ``prompt_ids`` (for logs and viewers only).
+        completion_text: the decoded completion (for logs and viewers only).
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    role: str = "default"
+    policy_version: int = 0
+    prompt_text: str = ""
+    completion_text: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.completion_ids) != len(self.logprobs):
+            raise ValueError(
+                f"Call has {len(self.completion_ids)} completion ids but {len(self.logprobs)} logprobs"
+            )
+
+
+@dataclass
+class Session:
+    """One context window: the calls made in it, in order, each extending the same context.
+
+    Attributes:
+        session_id: index of this session inside its rollout.
+        kind: ``main``, ``compaction`` (started from a summary) or ``subagent`` (forked by a parent).
+        parent: ``session_id`` of the parent session, ``None`` for the root.
+        depth: 0 for the root, parent's depth + 1 below it.
+        calls: the LLM calls of the session, in order.
+        reward: the session's own reward where the environment scores it (e.g. a subagent's success).
+        meta: free-form per-session data (goal, progress before/after, ...).
+    """
+
+    session_id: int = 0
+    kind: SessionKind = "main"
+    parent: int | None = None
+    depth: int = 0
+    calls: list[Call] = field(default_factory=list)
+    reward: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The whole context: prompt and completion ids of every call, concatenated."""
+        ids: list[int] = []
+        for call in self.calls:
+            ids += call.prompt_ids + call.completion_ids
+        return ids
+
+    @property
+    def action_mask(self) -> list[bool]:
+        """True on generated tokens (trained on), False on prompts and observations."""
+        mask: list[bool] = []
+        for call in self.calls:
+            mask += [False] * len(call.prompt_ids) + [True] * len(call.completion_ids)
+        return mask
+
+    @property
+    def sampler_logprobs(self) -> list[float]:
+        """Sampler log-probs aligned with ``token_ids`` (0.0 on non-generated tokens)."""
+        out: list[float] = []
+        for call in self.calls:
+            out += [0.0] * len(call.prompt_ids) + list(call.logprobs)
+        return out
+
+    @property
+    def num_generated(self) -> int:
+        return sum(len(c.completion_ids) for c in self.calls)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.prompt_ids) + len(c.completion_ids) for c in self.calls)
+
+
+@dataclass
+class Rollout:
+    """One attempt at one task: a graph of sessions plus the task outcome.
+
+    Attributes:
+        task_id: the task attempted.
+        group_id: rollouts of the same task in the same batch share it (advantages are per group).
+        sessions: the sessions; ``sessions[0]`` is the root.
+        reward: the task outcome reward.
+        success: whether the task was solved.
+        meta: free-form data (steps taken, errors, termination reason, ...).
+    """
+
+    task_id: str
+    group_id: int
+    sessions: list[Session] = field(default_factory=list)
+    reward: float = 0.0
+    success: bool = False
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_turns(self) -> int:
+        return sum(len(s.calls) for s in self.sessions)
+
+    @property
+    def num_generated(self) -> int:
+        return sum(s.num_generated for s in self.sessions)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.sessions)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``Rollout.from_dict`` inverts it)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Rollout:
+        sessions = [
+            Session(**{**s, "calls": [Call(**c) for c in s["calls"]]}) for s in data["sessions"]
+        ]
+        return cls(**{**data, "sessions": sessions})

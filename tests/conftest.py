@@ -1,0 +1,30 @@
+"""Shared fixtures: a small embedded-default model built once per test session, no network."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache(tmp_path_factory):
+    """Embedded-default builds go to a per-session cache, never the user's."""
+    os.environ["LIT_AGENTS_CACHE"] = str(tmp_path_factory.mktemp("lit_agents_cache"))
+
+
+@pytest.fixture(scope="session")
+def tiny_config():
+    from lit_agents.tiny import TinyConfig
+
+    return TinyConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+
+
+@pytest.fixture()
+def textcraft():
+    from lit_agents.envs.textcraft import TextCraft
+
+    return TextCraft(min_depth=2, max_depth=2, distractors=2, compact=True, max_steps=12)

@@ -1,0 +1,93 @@
+"""Baseline advantages against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lit_agents.algorithms.advantages import (
+    group_has_signal,
+    group_stats,
+    grpo_advantages,
+    rloo_advantages,
+    zero_signal_fraction,
+)
+
+# Three groups: {1, 0, 0, 1} (signal), {1, 1} (constant), {0} (single).
+REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0])
+GROUPS = torch.tensor([0, 0, 0, 0, 1, 1, 2])
+
+
+def test_grpo_binary_groups() -> None:
+    # group 0: mean 0.5, sample std sqrt((4 * 0.25) / 3) = sqrt(1/3) = 0.5773503,
+    # so A = +-0.5 / 0.5773503 = +-0.8660254; groups 1 and 2 give exactly 0.
+    adv = grpo_advantages(REWARDS, GROUPS)
+    expected = torch.tensor([0.8660254, -0.8660254, -0.8660254, 0.8660254, 0.0, 0.0, 0.0])
+    torch.testing.assert_close(adv, expected, atol=1e-5, rtol=0)
+    assert adv[4:].eq(0).all()
+    assert adv.dtype == torch.float32
+
+
+def test_grpo_graded_rewards_and_scattered_group_ids() -> None:
+    # group 7 = {1, 2, 4}: mean 7/3, deviations -4/3, -1/3, 5/3, squares sum 42/9,
+    # sample var 21/9 = 7/3, std 1.5275252 -> A = -0.8728716, -0.2182179, 1.0910895.
+    # group 3 = {0.1, 0.1}: constant -> 0 exactly (no rounding leak).
+    rewards = torch.tensor([1.0, 0.1, 2.0, 0.1, 4.0], dtype=torch.float64)
+    groups = torch.tensor([7, 3, 7, 3, 7])
+    adv = grpo_advantages(rewards, groups)
+    expected = torch.tensor([-0.8728716, 0.0, -0.2182179, 0.0, 1.0910895], dtype=torch.float64)
+    torch.testing.assert_close(adv, expected, atol=1e-6, rtol=0)
+    assert adv[1] == 0 and adv[3] == 0
+
+
+def test_grpo_eps_enters_denominator() -> None:
+    # {0, 2}: mean 1, sample std sqrt(2) = 1.4142136; eps 1 -> A = +-1 / 2.4142136 = +-0.4142136.
+    adv = grpo_advantages(torch.tensor([0.0, 2.0]), torch.tensor([0, 0]), eps=1.0)
+    torch.testing.assert_close(adv, torch.tensor([-0.4142136, 0.4142136]), atol=1e-6, rtol=0)
+
+
+def test_grpo_integer_rewards_and_empty() -> None:
+    adv = grpo_advantages(torch.tensor([1, 0]), torch.tensor([0, 0]))
+    assert adv.dtype == torch.float32
+    torch.testing.assert_close(adv, torch.tensor([0.7071068, -0.7071068]), atol=1e-5, rtol=0)
+    empty = grpo_advantages(torch.zeros(0), torch.zeros(0, dtype=torch.long))
+    assert empty.shape == (0,)
+
+
+def test_rloo_hand_values() -> None:
+    # group 0: R=1 -> 1 - (1+0+0)/3 = 2/3; R=0 -> 0 - (1+0+1)/3 = -2/3. Others 0.
+    adv = rloo_advantages(REWARDS, GROUPS)
+    expected = torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0, 0.0, 0.0])
+    torch.testing.assert_close(adv, expected, atol=1e-6, rtol=0)
+    # {1, 2, 4}: 1 - 3 = -2; 2 - 2.5 = -0.5; 4 - 1.5 = 2.5.
+    graded = rloo_advantages(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([5, 5, 5]))
+    torch.testing.assert_close(graded, torch.tensor([-2.0, -0.5, 2.5]))
+
+
+def test_zero_signal_fraction_and_mask() -> None:
+    # groups 1 (constant) and 2 (single) of three carry no signal.
+    assert zero_signal_fraction(REWARDS, GROUPS) == pytest.approx(2 / 3)
+    assert zero_signal_fraction(torch.zeros(0), torch.zeros(0, dtype=torch.long)) == 0.0
+    has = group_has_signal(REWARDS, GROUPS)
+    assert has.tolist() == [True, True, True, True, False, False, False]
+
+
+def test_group_stats_fields() -> None:
+    stats = group_stats(REWARDS, GROUPS)
+    assert stats.mean.tolist() == [0.5] * 4 + [1.0, 1.0, 0.0]
+    assert stats.size.tolist() == [4, 4, 4, 4, 2, 2, 1]
+    assert stats.total.tolist() == [2.0] * 4 + [2.0, 2.0, 0.0]
+    assert stats.std[0].item() == pytest.approx(math.sqrt(1 / 3))
+    assert stats.std[4:].tolist() == [0.0, 0.0, 0.0]
+    assert stats.constant.tolist() == [False] * 4 + [True] * 3
+
+
+def test_input_validation() -> None:
+    with pytest.raises(ValueError, match="integer"):
+        grpo_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.0]))
+    with pytest.raises(ValueError, match="shape"):
+        rloo_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0, 1]))
+    with pytest.raises(ValueError, match="1-D"):
+        grpo_advantages(torch.ones(2, 2), torch.zeros(2, 2, dtype=torch.long))

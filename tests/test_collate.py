@@ -1,0 +1,161 @@
+"""Rows from sessions and demonstrations, padding, truncation and token-budget batches."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from lit_agents.algorithms.collate import (
+    Row,
+    batches_by_tokens,
+    collate_rows,
+    demo_row,
+    segments_row,
+    session_rows,
+)
+from lit_agents.types import Call, Rollout, Session
+
+
+def _two_call_session() -> Session:
+    calls = [
+        Call(prompt_ids=[1, 2, 3], completion_ids=[4, 5], logprobs=[-0.1, -0.2], role="executor"),
+        Call(
+            prompt_ids=[6], completion_ids=[7, 8, 9], logprobs=[-0.3, -0.4, -0.5], role="executor"
+        ),
+    ]
+    return Session(session_id=0, kind="main", calls=calls)
+
+
+def _rollout() -> Rollout:
+    empty = Session(
+        session_id=1, kind="subagent", parent=0, depth=1,
+        calls=[Call(prompt_ids=[10, 11], completion_ids=[], logprobs=[])],
+    )
+    compaction = Session(
+        session_id=2, kind="compaction", parent=0,
+        calls=[Call(prompt_ids=[12], completion_ids=[13], logprobs=[-0.6])],
+    )
+    return Rollout(task_id="t0", group_id=3, sessions=[_two_call_session(), empty, compaction])
+
+
+def test_two_call_session_layout_and_skip_empty() -> None:
+    rows = session_rows([_rollout()], [[0.5, 9.0, -1.0]])
+    assert len(rows) == 2  # the subagent session generated nothing
+    row = rows[0]
+    assert row.input_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert row.action_mask == [False, False, False, True, True, False, True, True, True]
+    assert row.old_logprobs == [0.0, 0.0, 0.0, -0.1, -0.2, 0.0, -0.3, -0.4, -0.5]
+    assert row.advantages == [0.0, 0.0, 0.0, 0.5, 0.5, 0.0, 0.5, 0.5, 0.5]
+    assert row.role == "executor"
+    assert row.meta == {
+        "session_id": 0, "kind": "main", "depth": 0, "truncated": False, "tokens_dropped": 0,
+        "rollout": 0, "group_id": 3, "task_id": "t0",
+    }
+    second = rows[1]
+    assert second.input_ids == [12, 13] and second.advantages == [0.0, -1.0]
+    assert second.meta["session_id"] == 2 and second.meta["kind"] == "compaction"
+
+
+def test_rollout_indices_and_length_checks() -> None:
+    rows = session_rows([_rollout(), _rollout()], [[1.0, 0.0, 0.0], [2.0, 0.0, 0.0]])
+    assert [r.meta["rollout"] for r in rows] == [0, 0, 1, 1]
+    assert rows[2].advantages[3] == 2.0
+    with pytest.raises(ValueError, match="advantages"):
+        session_rows([_rollout()], [[1.0]])
+    with pytest.raises(ValueError, match="advantage lists"):
+        session_rows([_rollout()], [])
+
+
+def test_truncation_keeps_prefix() -> None:
+    rollout = Rollout(task_id="t", group_id=0, sessions=[_two_call_session()])
+    (row,) = session_rows([rollout], [[0.5]], max_tokens=5)
+    assert row.input_ids == [1, 2, 3, 4, 5]
+    assert row.action_mask == [False, False, False, True, True]
+    assert row.old_logprobs == [0.0, 0.0, 0.0, -0.1, -0.2]
+    assert row.meta["truncated"] is True and row.meta["tokens_dropped"] == 4
+    # Cut inside the first prompt: nothing generated is left, so no row.
+    assert session_rows([rollout], [[0.5]], max_tokens=3) == []
+    assert sum(r.meta["truncated"] for r in session_rows([rollout], [[0.5]], max_tokens=9)) == 0
+
+
+def test_generated_first_token_is_masked() -> None:
+    session = Session(calls=[Call(prompt_ids=[], completion_ids=[4, 5], logprobs=[-0.1, -0.2])])
+    (row,) = session_rows([Rollout(task_id="t", group_id=0, sessions=[session])], [[1.0]])
+    assert row.action_mask == [False, True]
+    assert row.old_logprobs == [0.0, -0.2] and row.advantages == [0.0, 1.0]
+
+
+def test_demo_rows() -> None:
+    row = demo_row([1, 2], [3, 4], role="planner")
+    assert row.input_ids == [1, 2, 3, 4]
+    assert row.action_mask == [False, False, True, True]
+    assert row.old_logprobs == [0.0] * 4 and row.advantages == [0.0] * 4
+    assert row.role == "planner"
+    multi = segments_row([([1], False), ([2, 3], True), ([4], False), ([5], True)])
+    assert multi.action_mask == [False, True, True, False, True]
+    with pytest.raises(ValueError, match="prompt"):
+        demo_row([], [3, 4])
+    with pytest.raises(ValueError, match="action_mask\\[0\\]"):
+        Row([1, 2], [True, True], [0.0, 0.0], [0.0, 0.0])
+    with pytest.raises(ValueError, match="length"):
+        Row([1, 2], [False], [0.0, 0.0], [0.0, 0.0])
+
+
+def test_collate_pads_right() -> None:
+    rows = session_rows([_rollout()], [[0.5, 0.0, -1.0]])
+    batch = collate_rows(rows, pad_id=99)
+    assert batch["input_ids"].tolist() == [
+        [1, 2, 3, 4, 5, 6, 7, 8, 9],
+        [12, 13, 99, 99, 99, 99, 99, 99, 99],
+    ]
+    assert batch["attention_mask"].tolist() == [[1] * 9, [1, 1] + [0] * 7]
+    assert batch["action_mask"].tolist() == [
+        [False, False, False, True, True, False, True, True, True],
+        [False, True] + [False] * 7,
+    ]
+    torch.testing.assert_close(
+        batch["old_logprobs"],
+        torch.tensor([[0, 0, 0, -0.1, -0.2, 0, -0.3, -0.4, -0.5], [0, -0.6] + [0] * 7]),
+    )
+    torch.testing.assert_close(
+        batch["advantages"],
+        torch.tensor([[0, 0, 0, 0.5, 0.5, 0, 0.5, 0.5, 0.5], [0, -1.0] + [0] * 7]),
+    )
+    assert batch["input_ids"].dtype == torch.long and batch["attention_mask"].dtype == torch.long
+    assert batch["action_mask"].dtype == torch.bool
+    assert batch["old_logprobs"].dtype == torch.float32
+    with pytest.raises(ValueError):
+        collate_rows([], pad_id=0)
+    bad = demo_row([1], [2])
+    bad.action_mask[0] = True
+    with pytest.raises(ValueError, match="action_mask\\[0\\]"):
+        collate_rows([bad], pad_id=0)
+
+
+def _row(n: int) -> Row:
+    return demo_row([1] * (n - 1), [2])
+
+
+def test_batches_by_tokens_hand_example() -> None:
+    rows = [_row(n) for n in (5, 3, 8, 2, 2, 7, 20)]
+    batches = batches_by_tokens(rows, max_tokens_per_batch=16)
+    # longest first: [20] alone (over budget); [8, 7] = 2*8; [5, 3, 2] = 3*5; [2].
+    assert [[r.num_tokens for r in b] for b in batches] == [[20], [8, 7], [5, 3, 2], [2]]
+    assert batches[2][2] is rows[3] and batches[3][0] is rows[4]  # ties keep input order
+    assert batches == batches_by_tokens(rows, max_tokens_per_batch=16)
+
+
+def test_batches_by_tokens_budget_and_coverage() -> None:
+    rng = random.Random(0)
+    rows = [_row(rng.randint(2, 40)) for _ in range(200)]
+    budget = 64
+    batches = batches_by_tokens(rows, budget)
+    seen = [id(r) for b in batches for r in b]
+    assert sorted(seen) == sorted(id(r) for r in rows)  # every row exactly once
+    for b in batches:
+        assert len(b) * max(r.num_tokens for r in b) <= budget
+    assert batches_by_tokens([], budget) == []
+    with pytest.raises(ValueError):
+        batches_by_tokens(rows, 0)

@@ -1,0 +1,120 @@
+"""LightningModules end to end on the embedded default: they train what they should, only that."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from lit_agents.agents import ReActAgent
+from lit_agents.callbacks import KLAnchor, LoRACheckpoint, SessionMetrics
+from lit_agents.data import DemonstrationDataModule, RolloutDataModule
+from lit_agents.modules import GRPOPolicy, System1SFT
+from lit_agents.policy import AgentPolicy
+
+
+def _trainer(tmp_path, epochs=1, callbacks=()):
+    return Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        reload_dataloaders_every_n_epochs=1,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+        callbacks=list(callbacks),
+    )
+
+
+def _snapshot(policy):
+    return {n: p.detach().clone() for n, p in policy.named_parameters()}
+
+
+def _changed(before, policy):
+    now = dict(policy.named_parameters())
+    return {n for n, p in before.items() if not torch.equal(p, now[n].detach())}
+
+
+def test_sft_trains_the_adapter_and_leaves_the_base(tiny_config, textcraft, tmp_path):
+    policy = AgentPolicy(tiny=tiny_config, roles=["planner"], lora_r=4)
+    module = System1SFT(policy, role="planner", lr=1e-2)
+    data = DemonstrationDataModule(textcraft, ReActAgent(max_new_tokens=16), demos=8, val_tasks=4,
+                                   max_tokens_per_batch=4096)
+    before = _snapshot(policy)
+    trainer = _trainer(tmp_path)
+    trainer.fit(module, datamodule=data)
+    changed = _changed(before, policy)
+    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
+    assert changed and changed <= trainable and all("lora_" in n for n in changed)
+    assert "val/success" in trainer.callback_metrics
+    assert len(data.rows) == 8 and all(r.num_trained > 0 for r in data.rows)
+
+
+def test_sft_loss_decreases_on_demonstrations(tiny_config, textcraft, tmp_path):
+    policy = AgentPolicy(tiny=tiny_config, finetune="full")
+    module = System1SFT(policy, lr=3e-3)
+    data = DemonstrationDataModule(textcraft, demos=16, val_tasks=0, max_tokens_per_batch=2048)
+    trainer = _trainer(tmp_path, epochs=6)
+    losses = []
+    original = module.training_step
+
+    def step(batch, batch_idx):
+        loss = original(batch, batch_idx)
+        losses.append(loss.item())
+        return loss
+
+    module.training_step = step
+    trainer.fit(module, datamodule=data)
+    assert sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3
+
+
+def test_grpo_step_kl_zero_at_start_and_checkpoint(tiny_config, textcraft, tmp_path):
+    policy = AgentPolicy(tiny=tiny_config, lora_r=4, lora_targets="all-linear")
+    module = GRPOPolicy(policy, lr=1e-2, drop_zero_signal=False)
+    # a random reward makes every group carry a learning signal for this test
+    module.rollout_advantages = lambda rollouts: torch.linspace(-1, 1, len(rollouts))
+    data = RolloutDataModule(textcraft, ReActAgent(max_new_tokens=8), tasks_per_epoch=2, group_size=4,
+                             val_tasks=2, max_tokens_per_batch=100_000)
+    kl_seen = []
+
+    class Spy(KLAnchor):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            kl_seen.append(float(trainer.callback_metrics["train/kl"]))
+
+    before = _snapshot(policy)
+    trainer = _trainer(tmp_path, epochs=2, callbacks=[Spy(coef=0.1), SessionMetrics(), LoRACheckpoint()])
+    trainer.fit(module, datamodule=data)
+    assert kl_seen[0] == pytest.approx(0.0, abs=1e-6)  # LoRA starts at the reference
+    assert kl_seen[-1] > 0.0
+    changed = _changed(before, policy)
+    assert changed and all("lora_" in n for n in changed)
+    metrics = trainer.callback_metrics
+    for key in ("rollout/success", "rollout/generated_tokens_per_s", "session/turns_per_rollout", "diag/clip_frac"):
+        assert key in metrics, key
+    assert (tmp_path / "adapters" / "last" / "default" / "adapter_config.json").exists()
+
+
+def test_sampler_logprobs_match_training_logprobs(tiny_config, textcraft):
+    """On-policy, the PPO ratio starts at 1: the engine and the trainer agree on log-probs."""
+    from lit_agents.algorithms.collate import collate_rows, session_rows
+
+    policy = AgentPolicy(tiny=tiny_config, lora_r=4).eval()
+    with torch.no_grad():
+        rollouts = ReActAgent(max_new_tokens=8, max_steps=3).run(policy, textcraft, textcraft.tasks("train")[:3], 2)
+        batch = collate_rows(session_rows(rollouts, [[1.0]] * len(rollouts)), policy.pad_id)
+        logp = policy.token_logprobs(batch["input_ids"], batch["attention_mask"])
+    mask = batch["action_mask"]
+    torch.testing.assert_close(logp[mask], batch["old_logprobs"][mask], atol=2e-4, rtol=1e-4)
+
+
+def test_empty_learning_signal_keeps_fitting(tiny_config, textcraft, tmp_path):
+    policy = AgentPolicy(tiny=tiny_config, lora_r=4)
+    module = GRPOPolicy(policy)  # untrained: every group fails, so every group is dropped
+    data = RolloutDataModule(textcraft, ReActAgent(max_new_tokens=4, max_steps=2), tasks_per_epoch=2,
+                             group_size=2, val_tasks=0)
+    trainer = _trainer(tmp_path, epochs=2)
+    trainer.fit(module, datamodule=data)
+    assert trainer.current_epoch == 2  # both epochs ran

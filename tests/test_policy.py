@@ -1,0 +1,117 @@
+"""AgentPolicy, ChatFormat and the embedded default: tokenizer, roles, adapters, log-probs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from lit_agents.policy import AgentPolicy, ChatFormat
+from lit_agents.tiny import END, SPECIAL_TOKENS, embedded_default
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tiny_config):
+    return embedded_default(tiny_config)
+
+
+def test_embedded_default_roundtrips_env_text(tiny_folder, textcraft):
+    tok = AutoTokenizer.from_pretrained(tiny_folder)
+    state, obs = textcraft.reset(textcraft.tasks("test")[0])
+    for text in [obs, "craft 4 oak planks using 1 oak logs", "get 2 stick", "ünïcødé ✓ garbage"]:
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    # item words from the environment are whole tokens: short sequences for the tiny model
+    assert len(tok.encode(" acacia planks", add_special_tokens=False)) == 2
+    assert all(tok.convert_tokens_to_ids(t) != tok.unk_token_id for t in SPECIAL_TOKENS)
+    assert tok.eos_token == END and tok.pad_token is not None
+
+
+def test_embedded_default_is_deterministic_and_cached(tiny_config, tmp_path):
+    a = embedded_default(tiny_config, tmp_path / "a")
+    b = embedded_default(tiny_config, tmp_path / "b")
+    ma, mb = AutoModelForCausalLM.from_pretrained(a), AutoModelForCausalLM.from_pretrained(b)
+    assert all(torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values()))
+    assert open(f"{a}/tokenizer.json").read() == open(f"{b}/tokenizer.json").read()
+    assert embedded_default(tiny_config, tmp_path / "a") == a  # reused, not rebuilt
+
+
+def test_chat_format_pieces_equal_rendered_conversation(tiny_folder):
+    tok = AutoTokenizer.from_pretrained(tiny_folder)
+    chat = ChatFormat(tok)
+    ids = chat.start("rules", "obs one") + chat.completion("get 1 oak logs") + chat.next("Got 1 oak logs")
+    messages = [
+        {"role": "system", "content": "rules"},
+        {"role": "user", "content": "obs one"},
+        {"role": "assistant", "content": "get 1 oak logs"},
+        {"role": "user", "content": "Got 1 oak logs"},
+    ]
+    rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert ids == tok.encode(rendered, add_special_tokens=False)
+    assert chat.stop_ids == (tok.eos_token_id,)
+    assert chat.decode_completion(chat.completion(" craft 1 x ")) == "craft 1 x"
+
+
+def test_roles_adapters_and_reference(tiny_config, tmp_path):
+    policy = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4, attn_implementation="eager")
+    assert policy.roles == ["planner", "executor"] and policy.active_role == "planner"
+    ids = torch.tensor([[5, 9, 30, 41, 7, 12]])
+    mask = torch.ones_like(ids)
+    base = policy.token_logprobs(ids, mask)
+    # a fresh LoRA adapter (B = 0) equals the base: KL to the reference is 0 at step 0
+    torch.testing.assert_close(base, policy.token_logprobs(ids, mask))
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B.executor" in name:
+                p.add_(0.5)
+    with policy.role("executor"):
+        changed = policy.token_logprobs(ids, mask)
+        with policy.adapters_disabled():
+            torch.testing.assert_close(policy.token_logprobs(ids, mask), base)
+    assert not torch.allclose(changed, base)
+    assert policy.active_role == "planner"
+    # save with peft's own format; reload with plain peft and reproduce the log-probs
+    folder = policy.save_role("executor", tmp_path)
+    plain = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(embedded_default(tiny_config)), folder)
+    plain.eval()
+    policy.eval()
+    with policy.role("executor"):
+        expected = policy.token_logprobs(ids, mask)
+    logits = plain(ids).logits.log_softmax(-1)
+    got = logits[0, :-1].gather(-1, ids[0, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(got, expected[0, 1:], atol=1e-5, rtol=1e-5)
+    # and load_role brings it back into a policy
+    other = AgentPolicy(tiny=tiny_config, roles=["planner"], lora_r=4, attn_implementation="eager").eval()
+    other.load_role("executor", folder)
+    with other.role("executor"):
+        torch.testing.assert_close(other.token_logprobs(ids, mask), expected)
+
+
+def test_only_the_active_roles_train(tiny_config):
+    policy = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
+    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    policy.set_role("executor")
+    assert trainable == {n for n, p in policy.named_parameters() if p.requires_grad}
+
+
+def test_clear_errors(tiny_config, tmp_path):
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        AgentPolicy(tiny=tiny_config, load_in_4bit=True)
+    with pytest.raises(ValueError, match="full"):
+        AgentPolicy(tiny=tiny_config, finetune="full", roles=["a"])
+    with pytest.raises(FileNotFoundError, match="adapter_config.json"):
+        AgentPolicy(tiny=tiny_config).load_role("x", tmp_path)
+    with pytest.raises(KeyError, match="unknown role"):
+        AgentPolicy(tiny=tiny_config).set_role("nope")
+
+
+def test_full_finetune_saves_a_loadable_model(tiny_config, tmp_path):
+    policy = AgentPolicy(tiny=tiny_config, finetune="full")
+    assert all(p.requires_grad for p in policy.parameters())
+    policy.save_pretrained(tmp_path / "m")
+    again = AgentPolicy(model=str(tmp_path / "m"), finetune="full")
+    ids = torch.tensor([[3, 4, 5, 6]])
+    torch.testing.assert_close(
+        policy.eval().token_logprobs(ids, torch.ones_like(ids)), again.eval().token_logprobs(ids, torch.ones_like(ids))
+    )
