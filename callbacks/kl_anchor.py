@@ -58,7 +58,7 @@ class KLAnchor(Callback):
     @torch.no_grad()
     def reference_logprobs(self, pl_module: LightningModule, batch: dict[str, Any]) -> torch.Tensor:
         policy = pl_module.policy
-        args = (batch["input_ids"], batch["attention_mask"], pl_module.hparams.get("temperature", 1.0))
+        args = (batch["input_ids"], batch["attention_mask"], getattr(pl_module, "temperature", 1.0))
         if self._snapshot is not None:
             live, policy.model = policy.model, self._snapshot
             try:

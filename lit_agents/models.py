@@ -65,7 +65,9 @@ class ModelSource:
 
 def _require(module: str, what: str, hint: str) -> None:
     if importlib.util.find_spec(module) is None:
-        raise ModelNotInstalledError(f"{what} needs the Python package {module!r}, which is not installed. Install it with:\n    {hint}")
+        raise ModelNotInstalledError(
+            f"{what} needs the Python package {module!r}, which is not installed. Install it with:\n    {hint}"
+        )
 
 
 def _smollm2_135m() -> ModelSource:

@@ -175,7 +175,7 @@ class AgentPolicy(nn.Module):
         if gradient_checkpointing:
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.chat = ChatFormat(self.tokenizer)
-        self.model: nn.Module = base
+        self.model: nn.Module = base.train()  # from_pretrained returns eval mode; Lightning switches modes
         if finetune == "lora" and not lora_targets:
             self.lora_settings["targets"] = default_lora_targets(base)
         self._roles: list[str] = []

@@ -2,8 +2,9 @@
 
 Stage 1 fits ``configs/quickstart_sft.yaml`` (the embedded default trained from scratch on
 expert demonstrations), stage 2 fits ``configs/quickstart_rl.yaml`` (GRPO with a LoRA adapter
-on the SFT model). Held-out success (greedy, unseen goal items) is measured before training,
-after SFT and after RL, printed as a table and written to ``<out>/results.json``.
+on the SFT model). Held-out success (greedy) is measured before training, after SFT and after RL
+on two held-out splits: unseen goal items (``test``) and unseen instances of the train goals
+(``val``: new distractors and order); printed as a table and written to ``<out>/results.json``.
 
     lit-agents quickstart                          # the README's main command (via make)
     lit-agents quickstart --out runs/qs --seed 1
@@ -35,20 +36,36 @@ def _cli(config: Path, out: Path, name: str, seed: int, overrides: list[str]) ->
     return AgentsCLI(args=args, run=False)
 
 
-def _success(cli: AgentsCLI) -> float:
-    metrics = cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
+SPLITS = {"test": "unseen goal items", "val": "train goals, unseen instances"}
+
+
+def _success(cli: AgentsCLI, split: str) -> float:
+    """Greedy success on a held-out split (``val_tasks`` of them)."""
+    dm = cli.datamodule
+    configured, dm.val_split = dm.val_split, split
+    try:
+        metrics = cli.trainer.validate(cli.model, datamodule=dm, verbose=False)
+    finally:
+        dm.val_split = configured
     return float(metrics[0]["val/success"])
+
+
+def _evaluate(cli: AgentsCLI) -> dict[str, float]:
+    return {split: _success(cli, split) for split in SPLITS}
 
 
 def _table(results: dict[str, Any]) -> str:
     rows = [("untrained", results["untrained"]), ("after SFT", results["sft"]), ("after RL", results["rl"])]
     lines = [
-        f"Held-out success on TextCraft ({results['val_tasks']} tasks, unseen goal items, greedy), seed {results['seed']}:",
+        f"Held-out success on TextCraft, greedy, {results['val_tasks']} tasks per split, seed {results['seed']}:",
         "",
-        "| model      | success |",
-        "|------------|---------|",
+        "| model      | " + " | ".join(SPLITS.values()) + " |",
+        "|------------|" + "|".join("-" * (len(v) + 2) for v in SPLITS.values()) + "|",
     ]
-    lines += [f"| {name:<10} | {value * 100:6.1f}% |" for name, value in rows]
+    lines += [
+        f"| {name:<10} | " + " | ".join(f"{value[s] * 100:.1f}%".rjust(len(v)) for s, v in SPLITS.items()) + " |"
+        for name, value in rows
+    ]
     lines += [
         "",
         f"TensorBoard: tensorboard --logdir {results['out']}",
@@ -63,9 +80,9 @@ def run(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str]) -
     """Run both stages; returns the results dict."""
     started = time.perf_counter()
     stage1 = _cli(config_dir / "quickstart_sft.yaml", out, "sft", seed, sft)
-    untrained = _success(stage1)
+    untrained = _evaluate(stage1)
     stage1.trainer.fit(stage1.model, datamodule=stage1.datamodule)
-    after_sft = _success(stage1)
+    after_sft = _evaluate(stage1)
     sft_model = out / "sft_model"
     stage1.model.policy.save_pretrained(sft_model)
     sft_seconds = time.perf_counter() - started
@@ -74,7 +91,7 @@ def run(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str]) -
     stage2 = _cli(config_dir / "quickstart_rl.yaml", out, "rl", seed,
                   [f"model.init_args.policy.init_args.model={sft_model}", *rl])
     stage2.trainer.fit(stage2.model, datamodule=stage2.datamodule)
-    after_rl = _success(stage2)
+    after_rl = _evaluate(stage2)
     results = {
         "seed": seed,
         "untrained": untrained,

@@ -7,6 +7,8 @@ import os
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# OpenMP threads that spin while waiting stall badly when another process shares the 2 cores
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

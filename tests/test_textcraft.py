@@ -301,3 +301,12 @@ def test_misc_api(env: TextCraft) -> None:
         TextCraft(data_dir="/nonexistent/recipes")
     state = start(env, "stick")
     assert env.expert_action(state).startswith("get ")
+
+
+def test_goal_first_moves_only_the_goal_line() -> None:
+    task = TextCraft(compact=True).tasks("test")[0]
+    _, after = TextCraft(compact=True, distractors=2).reset(task)
+    _, before = TextCraft(compact=True, distractors=2, goal_first=True).reset(task)
+    goal = after.splitlines()[-1]
+    assert goal.startswith("Goal: craft ") and before.splitlines()[0] == goal
+    assert sorted(before.splitlines()) == sorted(after.splitlines())

@@ -48,6 +48,8 @@ class ReActAgent:
         max_context_tokens: an episode whose context would pass this ends (reward 0, ``meta.reason``
             = ``"context"``) instead of crashing the model.
         show_progress: a progress bar over decode steps.
+        system_prompt: the system message; ``None`` = the env's ``instructions``, ``""`` = none
+            (a model trained from scratch on demonstrations does not need them).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class ReActAgent:
         max_steps: int | None = None,
         max_context_tokens: int = 4096,
         show_progress: bool = False,
+        system_prompt: str | None = None,
     ) -> None:
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
@@ -65,6 +68,7 @@ class ReActAgent:
         self.max_steps = max_steps
         self.max_context_tokens = max_context_tokens
         self.show_progress = show_progress
+        self.system_prompt = system_prompt
 
     # ------------------------------------------------------------------ extension points
     def parse_action(self, completion: str) -> str:
@@ -112,7 +116,8 @@ class ReActAgent:
 
     def _start(self, policy: AgentPolicy, env: TextEnv, task: Task, group_id: int) -> _Episode:
         state, observation = env.reset(task)
-        prompt = policy.chat.start(env.instructions, observation)
+        system = env.instructions if self.system_prompt is None else self.system_prompt
+        prompt = policy.chat.start(system, observation)
         return _Episode(task, group_id, state, prompt, observation)
 
     def _advance(self, policy, env: TextEnv, episode: _Episode, completion, role: str, version: int) -> None:
@@ -166,8 +171,7 @@ class ReActAgent:
     def expert_rollout(self, policy: AgentPolicy, env: TextEnv, task: Task, group_id: int = 0) -> Rollout:
         """The env's expert playing ``task``, tokenized exactly as the policy's own turns are."""
         episode = self._start(policy, env, task, group_id)
-        max_steps = self.max_steps or env.max_steps
-        while not episode.done and episode.steps < max_steps:
+        while not episode.done and episode.steps < env.max_steps:  # the env's limit, not the agent's
             action = env.expert_action(episode.state)
             ids = policy.chat.completion(action)
             episode.session.calls.append(

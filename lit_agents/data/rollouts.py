@@ -63,8 +63,10 @@ class AgentDataModule(LightningDataModule):
     Args:
         env: the environment (``class_path`` in YAML).
         agent: the agent loop; defaults to `ReActAgent()`.
-        val_tasks: held-out ``test`` tasks scored each validation (a fixed, seeded sample);
-            ``None`` = all of them.
+        val_tasks: held-out tasks scored each validation (a fixed, seeded sample of
+            ``val_split``); ``None`` = all of them.
+        val_split: ``test`` (held-out tasks, e.g. unseen goal items) or ``val`` (held-out
+            instances of train tasks).
         val_greedy: greedy decoding for validation (else the agent's sampling settings).
         val_chunk: tasks played per validation batch.
         seed: seed for task sampling and rollouts.
@@ -80,8 +82,10 @@ class AgentDataModule(LightningDataModule):
         val_chunk: int = 64,
         seed: int = 0,
         save_rollouts: bool = False,
+        val_split: Split = "test",
     ) -> None:
         super().__init__()
+        self.val_split = val_split
         self.env = env
         self.agent = agent or ReActAgent()
         self.val_tasks = val_tasks
@@ -101,8 +105,8 @@ class AgentDataModule(LightningDataModule):
         rank, world = self.world
         return tasks[rank::world]
 
-    def held_out_tasks(self, split: Split = "test") -> list[Task]:
-        tasks = list(self.env.tasks(split))
+    def held_out_tasks(self, split: Split | None = None) -> list[Task]:
+        tasks = list(self.env.tasks(split or self.val_split))
         random.Random(self.seed).shuffle(tasks)
         return tasks if self.val_tasks is None else tasks[: self.val_tasks]
 
@@ -173,8 +177,9 @@ class RolloutDataModule(AgentDataModule):
         val_chunk: int = 64,
         seed: int = 0,
         save_rollouts: bool = False,
+        val_split: Split = "test",
     ) -> None:
-        super().__init__(env, agent, val_tasks, val_greedy, val_chunk, seed, save_rollouts)
+        super().__init__(env, agent, val_tasks, val_greedy, val_chunk, seed, save_rollouts, val_split)
         self.tasks_per_epoch = tasks_per_epoch
         self.group_size = group_size
         self.max_tokens_per_batch = max_tokens_per_batch
@@ -241,8 +246,9 @@ class DemonstrationDataModule(AgentDataModule):
         val_greedy: bool = True,
         val_chunk: int = 64,
         seed: int = 0,
+        val_split: Split = "test",
     ) -> None:
-        super().__init__(env, agent, val_tasks, val_greedy, val_chunk, seed)
+        super().__init__(env, agent, val_tasks, val_greedy, val_chunk, seed, val_split=val_split)
         self.demos = demos
         self.max_tokens_per_batch = max_tokens_per_batch
         self.path = path

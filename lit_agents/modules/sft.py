@@ -10,6 +10,8 @@ default from scratch.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
@@ -27,6 +29,7 @@ class System1SFT(AgentModule):
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         warmup_steps: linear learning-rate warm-up steps.
+        lr_schedule: ``"constant"`` or ``"cosine"`` decay to 0 after warm-up.
     """
 
     def __init__(
@@ -36,8 +39,9 @@ class System1SFT(AgentModule):
         lr: float = 1e-4,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
+        lr_schedule: Literal["constant", "cosine"] = "constant",
     ) -> None:
-        super().__init__(policy, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps)
+        super().__init__(policy, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, lr_schedule=lr_schedule)
         if role is not None:
             policy.set_role(role)
 

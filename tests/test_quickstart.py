@@ -1,0 +1,55 @@
+"""The README's main command in a short form: both stages run and the table comes out.
+
+The full run (``make quickstart``, ~12 minutes) is marked slow; CI runs the short form only.
+``LIT_AGENTS_SLOW=1 pytest -m slow`` runs the full one and checks the learning claim.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from lit_agents.quickstart import main
+
+CONFIGS = Path(__file__).parents[1] / "configs"
+TINY = [
+    "model.init_args.policy.init_args.tiny.hidden_size=32",
+    "model.init_args.policy.init_args.tiny.num_layers=1",
+    "model.init_args.policy.init_args.tiny.num_heads=2",
+    "model.init_args.policy.init_args.tiny.num_kv_heads=1",
+    "model.init_args.policy.init_args.tiny.intermediate_size=64",
+]
+SHORT = [
+    "trainer.max_epochs=1",
+    "trainer.check_val_every_n_epoch=1",
+    "trainer.enable_progress_bar=false",
+    "data.init_args.val_tasks=3",
+    "data.init_args.agent.init_args.max_new_tokens=8",
+    "data.init_args.agent.init_args.max_steps=2",
+]
+
+
+def test_quickstart_short(tmp_path, capsys):
+    results = main([
+        "--config-dir", str(CONFIGS), "--out", str(tmp_path),
+        "--sft", *SHORT, *TINY, "data.init_args.demos=8",
+        "--rl", *SHORT, "data.init_args.tasks_per_epoch=2", "data.init_args.group_size=2",
+    ])
+    out = capsys.readouterr().out
+    assert "| after RL" in out and "unseen goal items" in out
+    for stage in ("untrained", "sft", "rl"):
+        assert set(results[stage]) == {"val", "test"}
+        assert all(0.0 <= v <= 1.0 for v in results[stage].values())
+    assert (tmp_path / "sft_model" / "config.json").exists()
+    assert (Path(results["rl_adapters"]) / "default" / "adapter_config.json").exists()
+    assert (tmp_path / "results.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("LIT_AGENTS_SLOW") != "1", reason="full quick start: set LIT_AGENTS_SLOW=1")
+def test_quickstart_full_learns(tmp_path):
+    results = main(["--config-dir", str(CONFIGS), "--out", str(tmp_path)])
+    assert results["rl"]["test"] >= results["untrained"]["test"] + 0.20
+    assert results["rl"]["test"] >= results["sft"]["test"]
