@@ -14,6 +14,7 @@ base through bitsandbytes on a CUDA GPU.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -303,8 +304,9 @@ class AgentPolicy(nn.Module):
         return target
 
     def save_pretrained(self, folder: str | Path) -> None:
-        """Save the whole model and tokenizer (full fine-tuning), loadable as ``model: folder``."""
-        model = self.model.merge_and_unload() if self._roles else self.model
+        """Save the whole model and tokenizer, loadable as ``model: folder``; with LoRA roles the
+        active adapter is merged into a copy of the base (the policy keeps its adapters)."""
+        model = copy.deepcopy(self.model).merge_and_unload() if self._roles else self.model
         model.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)
 

@@ -115,3 +115,18 @@ def test_full_finetune_saves_a_loadable_model(tiny_config, tmp_path):
     torch.testing.assert_close(
         policy.eval().token_logprobs(ids, torch.ones_like(ids)), again.eval().token_logprobs(ids, torch.ones_like(ids))
     )
+
+
+def test_save_pretrained_merges_a_copy_and_keeps_the_adapters(tiny_config, tmp_path):
+    policy = AgentPolicy(tiny=tiny_config, lora_r=4).eval()
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.3)
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    expected = policy.token_logprobs(ids, torch.ones_like(ids))
+    policy.save_pretrained(tmp_path / "merged")
+    assert policy.roles == ["default"]  # still a LoRA policy
+    torch.testing.assert_close(policy.token_logprobs(ids, torch.ones_like(ids)), expected)
+    merged = AgentPolicy(model=str(tmp_path / "merged"), finetune="full").eval()
+    torch.testing.assert_close(merged.token_logprobs(ids, torch.ones_like(ids)), expected, atol=1e-5, rtol=1e-5)
