@@ -1,6 +1,6 @@
 """``lit-agents quickstart``: SFT then RL on TextCraft with the embedded default, with a table.
 
-Stage 1 fits ``configs/quickstart_sft.yaml`` (the embedded default trained from scratch on
+Stage 1 fits ``configs/quickstart.yaml`` (the embedded default trained from scratch on
 expert demonstrations), stage 2 fits ``configs/quickstart_rl.yaml`` (GRPO with a LoRA adapter
 on the SFT model). Held-out success (greedy) is measured before training, after SFT and after RL
 on two held-out splits: unseen goal items (``test``) and unseen instances of the train goals
@@ -57,7 +57,7 @@ def _evaluate(cli: AgentsCLI) -> dict[str, float]:
 def _table(results: dict[str, Any]) -> str:
     rows = [("untrained", results["untrained"]), ("after SFT", results["sft"]), ("after RL", results["rl"])]
     lines = [
-        f"Held-out success on TextCraft, greedy, {results['val_tasks']} tasks per split, seed {results['seed']}:",
+        f"Held-out success on TextCraft (greedy; tasks per split: {results['val_tasks']}), seed {results['seed']}:",
         "",
         "| model      | " + " | ".join(SPLITS.values()) + " |",
         "|------------|" + "|".join("-" * (len(v) + 2) for v in SPLITS.values()) + "|",
@@ -79,7 +79,7 @@ def _table(results: dict[str, Any]) -> str:
 def run(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str]) -> dict[str, Any]:
     """Run both stages; returns the results dict."""
     started = time.perf_counter()
-    stage1 = _cli(config_dir / "quickstart_sft.yaml", out, "sft", seed, sft)
+    stage1 = _cli(config_dir / "quickstart.yaml", out, "sft", seed, sft)
     untrained = _evaluate(stage1)
     stage1.trainer.fit(stage1.model, datamodule=stage1.datamodule)
     after_sft = _evaluate(stage1)
@@ -97,7 +97,7 @@ def run(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str]) -
         "untrained": untrained,
         "sft": after_sft,
         "rl": after_rl,
-        "val_tasks": len(stage2.datamodule.held_out_tasks()),
+        "val_tasks": {split: len(stage2.datamodule.held_out_tasks(split)) for split in SPLITS},
         "out": str(out),
         "sft_model": str(sft_model),
         "rl_adapters": str(Path(stage2.trainer.log_dir) / "adapters" / "last"),

@@ -310,3 +310,14 @@ def test_goal_first_moves_only_the_goal_line() -> None:
     goal = after.splitlines()[-1]
     assert goal.startswith("Goal: craft ") and before.splitlines()[0] == goal
     assert sorted(before.splitlines()) == sorted(after.splitlines())
+
+
+def test_show_inventory_appends_the_inventory() -> None:
+    env = TextCraft(compact=True, show_inventory=True)
+    state, _ = env.reset(env.tasks("train")[0])
+    first = env.step(state, env.expert_action(state))
+    assert first.observation.splitlines()[1].startswith("Inventory: [")
+    assert env.step(state, "inventory").observation.count("Inventory") == 1
+    while not state.done:
+        result = env.step(state, env.expert_action(state))
+    assert result.success and "Inventory" not in result.observation

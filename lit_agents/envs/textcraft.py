@@ -347,6 +347,7 @@ class TextCraft(TextEnv):
         max_steps: step limit the agent loop applies to an episode.
         goal_first: state the goal before the crafting commands instead of after them (ADaPT):
             a causal model then reads every command knowing the goal (easier to learn from scratch).
+        show_inventory: append the inventory to every observation, so the agent need not track it.
         test_fraction: fraction of goal items held out for the test split (hash of the name).
         train_seeds: seeds per train goal (0, 1, ...).
         test_seeds: seeds per goal of the held-out splits: ``test`` = unseen goal items (seeds
@@ -370,6 +371,7 @@ class TextCraft(TextEnv):
         compact: bool = False,
         max_steps: int = 50,
         goal_first: bool = False,
+        show_inventory: bool = False,
         test_fraction: float = 0.2,
         train_seeds: int = 4,
         test_seeds: int = 1,
@@ -383,7 +385,7 @@ class TextCraft(TextEnv):
             raise ValueError(f"need 0 <= train_seeds <= {TEST_SEED_OFFSET}, test_seeds >= 0")
         self.min_depth, self.max_depth = min_depth, max_depth
         self.distractors, self.compact, self.max_steps = distractors, compact, max_steps
-        self.goal_first = goal_first
+        self.goal_first, self.show_inventory = goal_first, show_inventory
         self.test_fraction, self.train_seeds = test_fraction, train_seeds
         self.test_seeds = test_seeds
         self.data_dir = data_dir
@@ -443,6 +445,12 @@ class TextCraft(TextEnv):
 
     def step(self, state: TextCraftState, action: str) -> StepResult:
         """Apply one action; failures come back as observations with ``info["error"]``."""
+        result = self._act(state, action)
+        if self.show_inventory and not result.done and not result.observation.startswith("Inventory"):
+            result.observation += "\n" + self.inventory_text(state.inventory)
+        return result
+
+    def _act(self, state: TextCraftState, action: str) -> StepResult:
         if state.done:
             return _error("The episode is over.")
         state.steps += 1
