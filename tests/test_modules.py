@@ -118,3 +118,14 @@ def test_empty_learning_signal_keeps_fitting(tiny_config, textcraft, tmp_path):
     trainer = _trainer(tmp_path, epochs=2)
     trainer.fit(module, datamodule=data)
     assert trainer.current_epoch == 2  # both epochs ran
+
+
+def test_demonstrations_round_trip_through_jsonl(tiny_config, textcraft, tmp_path):
+    policy = AgentPolicy(tiny=tiny_config, finetune="full")
+    path = tmp_path / "demos.jsonl"
+    first = DemonstrationDataModule(textcraft, demos=3, val_tasks=0, path=str(path))
+    _trainer(tmp_path).fit(System1SFT(policy), datamodule=first)
+    assert len(path.read_text().splitlines()) == 3
+    again = DemonstrationDataModule(textcraft, demos=99, val_tasks=0, path=str(path))  # read, not regenerated
+    _trainer(tmp_path).fit(System1SFT(policy), datamodule=again)
+    assert [r.input_ids for r in again.rows] == [r.input_ids for r in first.rows]

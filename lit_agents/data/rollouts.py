@@ -270,7 +270,7 @@ class DemonstrationDataModule(AgentDataModule):
         failed = [r.task_id for r in rollouts if not r.success]
         if failed:
             raise RuntimeError(f"the expert failed {len(failed)} demonstrations, e.g. {failed[:3]}")
-        if self.path:
+        if self.path and self.world[0] == 0:  # one writer under DDP
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "w") as f:
                 f.writelines(json.dumps(r.to_dict()) + "\n" for r in rollouts)
