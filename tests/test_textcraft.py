@@ -321,3 +321,17 @@ def test_show_inventory_appends_the_inventory() -> None:
     while not state.done:
         result = env.step(state, env.expert_action(state))
     assert result.success and "Inventory" not in result.observation
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_just_in_time_expert_solves_every_task_copying_counts(compact: bool) -> None:
+    env = TextCraft(compact=compact, expert="just_in_time")
+    for task in env.tasks("train")[::3] + env.tasks("test"):
+        first, steps, success = play_expert(env, task, max_steps=400)
+        assert success, task.task_id
+        assert not any("error" in r.info for _, r in steps), task.task_id
+        if compact:  # every get amount appears in a listed command (no arithmetic needed)
+            shown = first.split("Crafting commands:")[-1]
+            for action, _ in steps:
+                if action.startswith("get "):
+                    assert f" {action[4:]}" in shown, (task.task_id, action)

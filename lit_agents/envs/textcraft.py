@@ -38,7 +38,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lit_agents.envs.base import Split, StepResult, Task, TextEnv
 
@@ -348,6 +348,7 @@ class TextCraft(TextEnv):
         goal_first: state the goal before the crafting commands instead of after them (ADaPT):
             a causal model then reads every command knowing the goal (easier to learn from scratch).
         show_inventory: append the inventory to every observation, so the agent need not track it.
+        expert: the demonstrator's order: all base items first, or each right before its craft.
         test_fraction: fraction of goal items held out for the test split (hash of the name).
         train_seeds: seeds per train goal (0, 1, ...).
         test_seeds: seeds per goal of the held-out splits: ``test`` = unseen goal items (seeds
@@ -372,6 +373,7 @@ class TextCraft(TextEnv):
         max_steps: int = 50,
         goal_first: bool = False,
         show_inventory: bool = False,
+        expert: Literal["bases_first", "just_in_time"] = "bases_first",
         test_fraction: float = 0.2,
         train_seeds: int = 4,
         test_seeds: int = 1,
@@ -385,7 +387,7 @@ class TextCraft(TextEnv):
             raise ValueError(f"need 0 <= train_seeds <= {TEST_SEED_OFFSET}, test_seeds >= 0")
         self.min_depth, self.max_depth = min_depth, max_depth
         self.distractors, self.compact, self.max_steps = distractors, compact, max_steps
-        self.goal_first, self.show_inventory = goal_first, show_inventory
+        self.goal_first, self.show_inventory, self.expert = goal_first, show_inventory, expert
         self.test_fraction, self.train_seeds = test_fraction, train_seeds
         self.test_seeds = test_seeds
         self.data_dir = data_dir
@@ -518,8 +520,10 @@ class TextCraft(TextEnv):
         """The expert's next action from the current inventory (``inventory`` once done).
 
         Top-down over the plan it counts how many crafts of each item are still missing, net of
-        what is held; it gets every missing base item in the exact amount, then crafts the lowest
-        missing item once (a recipe's counts are never scaled: repeat the craft instead).
+        what is held; ``bases_first`` gets every missing base item in the exact amount, then
+        crafts the lowest missing item once (a recipe's counts are never scaled: repeat the craft
+        instead); ``just_in_time`` gets only what one craft of the lowest missing item lacks, then
+        crafts it (every count is then read off a recipe line, none computed).
         """
         if state.done:
             return "inventory"
@@ -531,10 +535,16 @@ class TextCraft(TextEnv):
             crafts[recipe.output] = -(-max(0, need[recipe.output] - held) // recipe.count)
             for ing in recipe.inputs:
                 need[ing.name] += crafts[recipe.output] * ing.count
+        lowest = next(r for r in plan.crafts if crafts[r.output] > 0)
+        if self.expert == "just_in_time":  # only what one craft of the lowest item lacks
+            for ing in lowest.inputs:
+                if (short := ing.count - state.inventory.get(ing.name, 0)) > 0:
+                    return f"get {short} {item_id_to_str(ing.name)}"
+            return lowest.line
         for base in plan.bases:
             if (short := need[base] - state.inventory.get(base, 0)) > 0:
                 return f"get {short} {item_id_to_str(base)}"
-        return next(r.line for r in plan.crafts if crafts[r.output] > 0)
+        return lowest.line
 
     def corpus(self) -> Iterator[str]:
         """Recipe lines, item names, the instructions, example observations and actions."""
