@@ -335,3 +335,13 @@ def test_just_in_time_expert_solves_every_task_copying_counts(compact: bool) -> 
             for action, _ in steps:
                 if action.startswith("get "):
                     assert f" {action[4:]}" in shown, (task.task_id, action)
+
+
+def test_remind_goal_ends_every_observation_with_the_goal() -> None:
+    env = TextCraft(compact=True, remind_goal=True)
+    state, _ = env.reset(env.tasks("train")[0])
+    result = env.step(state, "get 1 nothing")
+    assert result.observation.endswith(f"Goal: craft {env.tasks('train')[0].goal}.") and "error" in result.info
+    while not state.done:
+        result = env.step(state, env.expert_action(state))
+    assert result.success and "Goal" not in result.observation

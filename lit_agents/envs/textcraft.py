@@ -349,6 +349,7 @@ class TextCraft(TextEnv):
             a causal model then reads every command knowing the goal (easier to learn from scratch).
         show_inventory: append the inventory to every observation, so the agent need not track it.
         expert: the demonstrator's order: all base items first, or each right before its craft.
+        remind_goal: end every observation with the goal line (recent context is easier to copy).
         test_fraction: fraction of goal items held out for the test split (hash of the name).
         train_seeds: seeds per train goal (0, 1, ...).
         test_seeds: seeds per goal of the held-out splits: ``test`` = unseen goal items (seeds
@@ -374,6 +375,7 @@ class TextCraft(TextEnv):
         goal_first: bool = False,
         show_inventory: bool = False,
         expert: Literal["bases_first", "just_in_time"] = "bases_first",
+        remind_goal: bool = False,
         test_fraction: float = 0.2,
         train_seeds: int = 4,
         test_seeds: int = 1,
@@ -388,6 +390,7 @@ class TextCraft(TextEnv):
         self.min_depth, self.max_depth = min_depth, max_depth
         self.distractors, self.compact, self.max_steps = distractors, compact, max_steps
         self.goal_first, self.show_inventory, self.expert = goal_first, show_inventory, expert
+        self.remind_goal = remind_goal
         self.test_fraction, self.train_seeds = test_fraction, train_seeds
         self.test_seeds = test_seeds
         self.data_dir = data_dir
@@ -450,6 +453,8 @@ class TextCraft(TextEnv):
         result = self._act(state, action)
         if self.show_inventory and not result.done and not result.observation.startswith("Inventory"):
             result.observation += "\n" + self.inventory_text(state.inventory)
+        if self.remind_goal and not result.done:
+            result.observation += f"\nGoal: craft {item_id_to_str(state.goal)}."
         return result
 
     def _act(self, state: TextCraftState, action: str) -> StepResult:
