@@ -129,3 +129,23 @@ def test_demonstrations_round_trip_through_jsonl(tiny_config, textcraft, tmp_pat
     again = DemonstrationDataModule(textcraft, demos=99, val_tasks=0, path=str(path))  # read, not regenerated
     _trainer(tmp_path).fit(System1SFT(policy), datamodule=again)
     assert [r.input_ids for r in again.rows] == [r.input_ids for r in first.rows]
+
+
+def test_cosine_schedule_warms_up_then_decays_to_zero(tiny_config, textcraft, tmp_path):
+    module = System1SFT(AgentPolicy(tiny=tiny_config, finetune="full"), lr=1.0, warmup_steps=2, lr_schedule="cosine")
+    trainer = _trainer(tmp_path)
+    trainer.fit(module, datamodule=DemonstrationDataModule(textcraft, demos=12, val_tasks=0, max_tokens_per_batch=256))
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    total = int(trainer.estimated_stepping_batches)
+    factors = [scheduler.lr_lambdas[0](step) for step in range(total + 1)]
+    assert factors[:2] == [0.5, 1.0] and factors[-1] == pytest.approx(0.0, abs=1e-9)
+    assert all(a >= b for a, b in zip(factors[1:], factors[2:]))
+
+
+def test_grpo_log_probs_use_the_agents_temperature(tiny_config, textcraft, tmp_path):
+    module = GRPOPolicy(AgentPolicy(tiny=tiny_config, lora_r=4))
+    data = RolloutDataModule(textcraft, ReActAgent(max_new_tokens=4, max_steps=1, temperature=0.7),
+                             tasks_per_epoch=1, group_size=2, val_tasks=0)
+    _trainer(tmp_path).fit(module, datamodule=data)
+    assert module.temperature == 0.7
+    assert GRPOPolicy(AgentPolicy(tiny=tiny_config, lora_r=4), temperature=0.5).temperature == 0.5

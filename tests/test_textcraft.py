@@ -345,3 +345,11 @@ def test_remind_goal_ends_every_observation_with_the_goal() -> None:
     while not state.done:
         result = env.step(state, env.expert_action(state))
     assert result.success and "Goal" not in result.observation
+
+
+def test_val_split_is_unseen_instances_of_train_goals() -> None:
+    env = TextCraft(compact=True)
+    train, val, test = env.tasks("train"), env.tasks("val"), env.tasks("test")
+    assert {t.goal for t in val} == {t.goal for t in train}
+    assert not {t.seed for t in val} & ({t.seed for t in train} | {t.seed for t in test})
+    assert not {t.task_id for t in val} & {t.task_id for t in train}

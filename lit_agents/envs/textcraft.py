@@ -444,7 +444,7 @@ class TextCraft(TextEnv):
         lines += rng.sample(pool, min(self.distractors, len(pool)))
         rng.shuffle(lines)
         commands = "\n".join(lines)
-        goal_line = f"Goal: craft {item_id_to_str(goal)}."
+        goal_line = self.goal_line(goal)
         obs = f"{goal_line}\n\nCrafting commands:\n{commands}" if self.goal_first else f"Crafting commands:\n{commands}\n\n{goal_line}"
         return TextCraftState(task=task, goal=goal, commands=lines), obs
 
@@ -454,7 +454,7 @@ class TextCraft(TextEnv):
         if self.show_inventory and not result.done and not result.observation.startswith("Inventory"):
             result.observation += "\n" + self.inventory_text(state.inventory)
         if self.remind_goal and not result.done:
-            result.observation += f"\nGoal: craft {item_id_to_str(state.goal)}."
+            result.observation += "\n" + self.goal_line(state.goal)
         return result
 
     def _act(self, state: TextCraftState, action: str) -> StepResult:
@@ -472,6 +472,11 @@ class TextCraft(TextEnv):
         if m := _CRAFT.fullmatch(text):
             return self._craft(state, m[1], m[2])
         return _error(f"Could not execute {_clip(text)}")
+
+    @staticmethod
+    def goal_line(goal: str) -> str:
+        """The goal as the observation states it."""
+        return f"Goal: craft {item_id_to_str(goal)}."
 
     @staticmethod
     def inventory_text(inventory: dict[str, int]) -> str:
@@ -564,5 +569,5 @@ class TextCraft(TextEnv):
         for item in sorted(book.recipes):
             for recipe in book.recipes[item]:
                 yield f"{recipe.line}\nCrafted {recipe.count} {item_id_to_str(item)}"
-            yield f"Goal: craft {item_id_to_str(item)}."
+            yield self.goal_line(item)
             yield from book.plan(item).compact_lines
