@@ -3,6 +3,7 @@
     lit-agents fit -c configs/quickstart_rl.yaml        # any Lightning subcommand
     lit-agents fit -c configs/quickstart_rl.yaml --print_config
     lit-agents quickstart                                # SFT then RL on TextCraft, with a table
+    lit-agents demos -c configs/quickstart.yaml --out demos.jsonl   # expert episodes to JSONL
 
 Configs use the omegaconf parser mode (``${...}`` interpolation). The YAML is the registry:
 modules, environments, agents and advantage functions are chosen by ``class_path``.
@@ -47,6 +48,11 @@ def main(argv: list[str] | None = None) -> None:
         from lit_agents.quickstart import main as quickstart
 
         quickstart(argv[1:])
+        return
+    if argv[:1] == ["demos"]:
+        from lit_agents.data.demos import main as demos
+
+        demos(argv[1:])
         return
     AgentsCLI(args=argv)
 

@@ -353,3 +353,15 @@ def test_val_split_is_unseen_instances_of_train_goals() -> None:
     assert {t.goal for t in val} == {t.goal for t in train}
     assert not {t.seed for t in val} & ({t.seed for t in train} | {t.seed for t in test})
     assert not {t.task_id for t in val} & {t.task_id for t in train}
+
+
+def test_train_goals_keeps_a_stable_subset_and_val_follows() -> None:
+    full = TextCraft(min_depth=2, max_depth=2, test_seeds=2)
+    small = TextCraft(min_depth=2, max_depth=2, test_seeds=2, train_goals=10)
+    goals = {t.goal for t in small.tasks("train")}
+    assert len(goals) == 10 and goals <= {t.goal for t in full.tasks("train")}
+    assert {t.goal for t in small.tasks("val")} == goals
+    assert small.tasks("test") == full.tasks("test")  # unseen goal items unchanged
+    assert {t.goal for t in TextCraft(min_depth=2, max_depth=2, train_goals=20).tasks("train")} >= goals  # nested
+    with pytest.raises(ValueError):
+        TextCraft(train_goals=0)

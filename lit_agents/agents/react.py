@@ -10,7 +10,7 @@ action format, or `observation_text` to change what the model sees.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
@@ -19,6 +19,9 @@ from lit_agents.envs.base import StepResult, Task, TextEnv
 from lit_agents.generation import GenerationEngine, SamplingParams
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Call, Rollout, Session
+
+if TYPE_CHECKING:
+    from lit_agents.data.demos import Episode
 
 
 @dataclass
@@ -170,21 +173,29 @@ class ReActAgent:
     # ------------------------------------------------------------------ demonstrations
     def expert_rollout(self, policy: AgentPolicy, env: TextEnv, task: Task, group_id: int = 0) -> Rollout:
         """The env's expert playing ``task``, tokenized exactly as the policy's own turns are."""
-        episode = self._start(policy, env, task, group_id)
-        while not episode.done and episode.steps < env.max_steps:  # the env's limit, not the agent's
-            action = env.expert_action(episode.state)
+        from lit_agents.data.demos import expert_episodes  # data imports agents
+
+        (episode,) = expert_episodes(env, [task])
+        return self.replay(policy, env, episode, group_id)
+
+    def replay(self, policy: AgentPolicy, env: TextEnv, episode: Episode, group_id: int = 0) -> Rollout:
+        """A recorded text episode (a demonstration) tokenized as the policy's own turns would be:
+        the same system prompt, chat format and observation text as `run`."""
+        system = env.instructions if self.system_prompt is None else self.system_prompt
+        pending, pending_text = policy.chat.start(system, episode.observation), episode.observation
+        session, reward, role = Session(), 0.0, policy.active_role or "default"
+        for action, result in episode.steps:
             ids = policy.chat.completion(action)
-            episode.session.calls.append(
-                Call(prompt_ids=episode.pending, completion_ids=ids, logprobs=[0.0] * len(ids),
-                     role=policy.active_role or "default", prompt_text=episode.pending_text,
-                     completion_text=action)
-            )
-            result = env.step(episode.state, action)
-            episode.steps += 1
-            episode.reward += result.reward
-            episode.success = episode.success or result.success
-            episode.done = result.done or episode.success
-            episode.pending = policy.chat.next(self.observation_text(result))
-            episode.pending_text = result.observation
-        episode.reason = "success" if episode.success else "max_steps"
-        return self._finish(episode)
+            session.calls.append(Call(prompt_ids=pending, completion_ids=ids, logprobs=[0.0] * len(ids),
+                                      role=role, prompt_text=pending_text, completion_text=action))
+            reward += result.reward
+            pending_text = self.observation_text(result)
+            pending = policy.chat.next(pending_text)
+        return Rollout(
+            task_id=episode.task.task_id,
+            group_id=group_id,
+            sessions=[session],
+            reward=reward,
+            success=episode.success,
+            meta={"steps": len(episode.steps), "reason": "success" if episode.success else "max_steps"},
+        )

@@ -24,6 +24,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, IterableDataset
 
 from lit_agents.agents.react import ReActAgent
+from lit_agents.data.demos import expert_episodes, read_episodes, write_episodes
 from lit_agents.algorithms.collate import Row, batches_by_tokens, collate_rows, session_rows
 from lit_agents.envs.base import Split, Task, TextEnv
 from lit_agents.types import Rollout
@@ -230,8 +231,9 @@ class DemonstrationDataModule(AgentDataModule):
         demos: number of expert episodes (cycling through the shuffled train tasks);
             ``None`` = one per train task.
         max_tokens_per_batch: token budget of one optimizer batch.
-        path: a JSONL file of demonstration rollouts (`Rollout.to_dict` per line): read from it
-            when it exists, written to it after generating otherwise. Bring your own demos here.
+        path: a JSONL file of text episodes (`lit_agents.data.demos`, as ``lit-agents demos``
+            writes): read from it when it exists, written to it after generating otherwise.
+            Bring your own demonstrations here.
         **kwargs: see `AgentDataModule`.
     """
 
@@ -261,20 +263,18 @@ class DemonstrationDataModule(AgentDataModule):
         return [tasks[i % len(tasks)] for i in range(count)]
 
     def demonstrations(self) -> list[Rollout]:
-        """Expert rollouts, from ``path`` when it exists."""
+        """Expert rollouts tokenized for the policy, from ``path`` when it exists."""
         if self.path and Path(self.path).exists():
-            with open(self.path) as f:
-                return [Rollout.from_dict(json.loads(line)) for line in f if line.strip()]
+            episodes = read_episodes(self.path)
+        else:
+            episodes = list(expert_episodes(self.env, self.demo_tasks()))
+            failed = [e.task.task_id for e in episodes if not e.success]
+            if failed:
+                raise RuntimeError(f"the expert failed {len(failed)} demonstrations, e.g. {failed[:3]}")
+            if self.path and self.world[0] == 0:  # one writer under DDP
+                write_episodes(episodes, self.path)
         policy = self.trainer.lightning_module.policy
-        rollouts = [self.agent.expert_rollout(policy, self.env, task, i) for i, task in enumerate(self.demo_tasks())]
-        failed = [r.task_id for r in rollouts if not r.success]
-        if failed:
-            raise RuntimeError(f"the expert failed {len(failed)} demonstrations, e.g. {failed[:3]}")
-        if self.path and self.world[0] == 0:  # one writer under DDP
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "w") as f:
-                f.writelines(json.dumps(r.to_dict()) + "\n" for r in rollouts)
-        return rollouts
+        return [self.agent.replay(policy, self.env, e, i) for i, e in enumerate(episodes)]
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and not self.rows:

@@ -9,7 +9,7 @@ state (RAO), and keeps a run's environment trivially picklable.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -78,6 +78,16 @@ class TextEnv(ABC):
     def expert_action(self, state: Any) -> str:
         """The expert's next action from ``state`` (for demonstrations)."""
         raise NotImplementedError(f"{type(self).__name__} has no expert")
+
+    def functions(self, state: Any) -> dict[str, Callable[..., Any]]:
+        """Python functions acting on ``state`` (name -> callable), for agents that act by code
+        (the REPL loop): the same world as the text actions, through another interface."""
+        raise NotImplementedError(f"{type(self).__name__} has no Python-function interface")
+
+    def goal_met(self, state: Any, goal: str) -> bool:
+        """Whether a (sub)goal, stated in this env's goal language, holds in ``state``: lets a
+        parent check a child's subtask (subagents) and a planner's subgoal (Multi2)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot check subgoals")
 
     def corpus(self) -> Iterator[str]:
         """Text this env can show or accept, for building the embedded default's tokenizer."""

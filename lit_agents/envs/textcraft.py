@@ -352,6 +352,9 @@ class TextCraft(TextEnv):
         remind_goal: end every observation with the goal line (recent context is easier to copy).
         test_fraction: fraction of goal items held out for the test split (hash of the name).
         train_seeds: seeds per train goal (0, 1, ...).
+        train_goals: keep only this many train goal items (the first by a stable hash of the
+            name; ``val`` follows them): a smaller world that a small model masters quickly.
+            None keeps them all. The ``test`` goals are unchanged.
         test_seeds: seeds per goal of the held-out splits: ``test`` = unseen goal items (seeds
             10000, ...), ``val`` = train goal items in unseen instances (seeds 20000, ...: new
             distractors and order).
@@ -378,6 +381,7 @@ class TextCraft(TextEnv):
         remind_goal: bool = False,
         test_fraction: float = 0.2,
         train_seeds: int = 4,
+        train_goals: int | None = None,
         test_seeds: int = 1,
         data_dir: str | None = None,
     ) -> None:
@@ -392,7 +396,9 @@ class TextCraft(TextEnv):
         self.goal_first, self.show_inventory, self.expert = goal_first, show_inventory, expert
         self.remind_goal = remind_goal
         self.test_fraction, self.train_seeds = test_fraction, train_seeds
-        self.test_seeds = test_seeds
+        if train_goals is not None and train_goals < 1:
+            raise ValueError(f"train_goals must be >= 1 or None, got {train_goals}")
+        self.test_seeds, self.train_goals = test_seeds, train_goals
         self.data_dir = data_dir
         self.book = load_recipes(data_dir)
 
@@ -403,10 +409,13 @@ class TextCraft(TextEnv):
         self.__dict__.update(state)
         self.book = load_recipes(self.data_dir)
 
+    @staticmethod
+    def _hash(goal: str) -> float:
+        return int.from_bytes(hashlib.sha256(goal.encode()).digest()[:8], "big") / 2**64
+
     def is_test_goal(self, goal: str) -> bool:
         """Whether a goal (display name) is held out, from a stable hash of the name."""
-        digest = hashlib.sha256(goal.encode()).digest()
-        return int.from_bytes(digest[:8], "big") / 2**64 < self.test_fraction
+        return self._hash(goal) < self.test_fraction
 
     def tasks(self, split: Split) -> list[Task]:
         """The split's goals sorted by name, repeated for each seed of the split (seed-major)."""
@@ -416,6 +425,9 @@ class TextCraft(TextEnv):
         goals = sorted((item_id_to_str(i), i, d) for i, d in self.book.depth.items())
         goals = [g for g in goals if self.min_depth <= g[2] <= self.max_depth]
         goals = [g for g in goals if self.is_test_goal(g[0]) == test]
+        if not test and self.train_goals is not None:
+            kept = {g[0] for g in sorted(goals, key=lambda g: self._hash(g[0]))[: self.train_goals]}
+            goals = [g for g in goals if g[0] in kept]
         first, count = {
             "train": (0, self.train_seeds),
             "val": (VAL_SEED_OFFSET, self.test_seeds),

@@ -1,0 +1,133 @@
+"""Expert demonstrations as text episodes in JSONL, for any environment and any tokenizer.
+
+One line per episode::
+
+    {"task": {"task_id": ..., "goal": ..., "seed": ..., "meta": {...}},
+     "observation": "<first observation>",
+     "steps": [{"action": ..., "observation": ..., "reward": ..., "done": ..., "success": ...}, ...],
+     "success": true, "env": "lit_agents.envs.TextCraft"}
+
+Text (not token ids) so a file written once serves every model: the SFT data module tokenizes
+each episode with the policy's own chat format (`ReActAgent.replay`). Bring your own data by
+writing this format.
+
+    lit-agents demos --env lit_agents.envs.TextCraft --env.max_depth 2 --split train --out demos.jsonl
+    lit-agents demos -c configs/quickstart.yaml --split test --limit 100 --out test.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lit_agents.envs.base import Split, StepResult, Task, TextEnv, play_expert
+
+
+@dataclass
+class Episode:
+    """One played episode in text: the first observation, then (action, result) per step."""
+
+    task: Task
+    observation: str
+    steps: list[tuple[str, StepResult]] = field(default_factory=list)
+    success: bool = False
+    env: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": asdict(self.task),
+            "observation": self.observation,
+            "steps": [
+                {"action": a, "observation": r.observation, "reward": r.reward, "done": r.done, "success": r.success}
+                for a, r in self.steps
+            ],
+            "success": self.success,
+            "env": self.env,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Episode:
+        try:
+            steps = [
+                (s["action"], StepResult(s["observation"], float(s.get("reward", 0.0)), bool(s.get("done", False)),
+                                         bool(s.get("success", False))))
+                for s in d["steps"]
+            ]
+            return cls(Task(**d["task"]), d["observation"], steps, bool(d.get("success", False)), d.get("env", ""))
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"not a demonstration episode (see lit_agents.data.demos): {err!r}") from err
+
+
+def expert_episodes(env: TextEnv, tasks: Iterable[Task]) -> Iterator[Episode]:
+    """The env's expert on each task."""
+    name = f"{type(env).__module__}.{type(env).__qualname__}"
+    for task in tasks:
+        first, steps, success = play_expert(env, task)
+        yield Episode(task, first, steps, success, name)
+
+
+def write_episodes(episodes: Iterable[Episode], path: str | Path) -> int:
+    """Write episodes as JSONL (atomically); returns how many."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    count = 0
+    with open(tmp, "w") as f:
+        for episode in episodes:
+            f.write(json.dumps(episode.to_dict()) + "\n")
+            count += 1
+    tmp.replace(path)
+    return count
+
+
+def read_episodes(path: str | Path) -> list[Episode]:
+    """Read a JSONL file of episodes; a bad line names its line number."""
+    episodes = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                episodes.append(Episode.from_dict(json.loads(line)))
+            except (ValueError, json.JSONDecodeError) as err:
+                raise ValueError(f"{path}:{number}: {err}") from err
+    return episodes
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``lit-agents demos``: write the expert's episodes for an env and split to JSONL."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    parser = ArgumentParser(prog="lit-agents demos", description=main.__doc__, parser_mode="omegaconf")
+    parser.add_argument("-c", "--config", action=ActionConfigFile, help="a YAML with an `env:` (or a training config)")
+    parser.add_subclass_arguments(TextEnv, "env", required=True)
+    parser.add_argument("--split", type=Split, default="train")
+    parser.add_argument("--limit", type=int | None, default=None, help="first N tasks of the split")
+    parser.add_argument("--out", type=str, required=True)
+    cfg = parser.parse_args(_env_from_training_config(argv))
+    env = parser.instantiate_classes(cfg).env
+    tasks = env.tasks(cfg.split)[: cfg.limit]
+    episodes = list(expert_episodes(env, tasks))
+    count = write_episodes(episodes, cfg.out)
+    solved = sum(e.success for e in episodes)
+    print(f"wrote {count} {cfg.split} episodes to {cfg.out} (expert solved {solved}/{count})")
+
+
+def _env_from_training_config(argv: list[str] | None) -> list[str] | None:
+    """Let ``-c`` take a training config: its ``data.init_args.env`` becomes ``--env``."""
+    import sys
+
+    import yaml
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for flag in ("-c", "--config"):
+        if flag in argv and argv.index(flag) + 1 < len(argv):
+            i = argv.index(flag)
+            cfg = yaml.safe_load(Path(argv[i + 1]).read_text()) or {}
+            env = (cfg.get("data") or {}).get("init_args", {}).get("env")
+            if "env" not in cfg and env is not None:
+                argv[i : i + 2] = ["--env", json.dumps(env)]
+    return argv
