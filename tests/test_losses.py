@@ -239,3 +239,49 @@ def test_token_logprobs_validation() -> None:
     with pytest.raises(ValueError, match=r"\[B, T, H\]"):
         token_logprobs(hidden, weight, ids[:, :3])
     assert math.isfinite(token_logprobs(hidden, weight, ids).sum().item())
+
+
+# ---------------------------------------------------------------- Multi2 actor-critic (hand-computed)
+
+
+def test_td_targets_include_terminal_transitions():
+    from lit_agents.algorithms.losses import td_targets
+
+    r, v_next, done = torch.tensor([0.0, 1.0, 0.5]), torch.tensor([2.0, 3.0, -1.0]), torch.tensor([0, 1, 0])
+    # 0 + 0.9*2 = 1.8; terminal: 1 (no bootstrap); 0.5 + 0.9*(-1) = -0.4
+    assert torch.allclose(td_targets(r, v_next, done, gamma=0.9), torch.tensor([1.8, 1.0, -0.4]))
+
+
+def test_expectile_loss_by_hand():
+    from lit_agents.algorithms.losses import expectile_loss
+
+    diff = torch.tensor([2.0, -1.0])  # weights 0.7 and 0.3: (0.7*4 + 0.3*1) / 2 = 1.55
+    assert expectile_loss(diff, 0.7).item() == pytest.approx(1.55)
+    assert expectile_loss(diff, 0.5).item() == pytest.approx(0.5 * (4 + 1) / 2)
+    with pytest.raises(ValueError):
+        expectile_loss(diff, 1.0)
+
+
+def test_policy_anchored_weights_by_hand():
+    from lit_agents.algorithms.losses import policy_anchored_weights
+
+    adv = torch.tensor([0.1, -0.1, 1.0])
+    # raw: 7*0.1 + e^1 = 3.41828; 0 + e^-1 = 0.36788; 7 + min(e^10, 20) = 27
+    raw = torch.tensor([0.7 + math.e, math.exp(-1), 27.0])
+    w = policy_anchored_weights(adv, lam=7.0, beta=10.0, clip=20.0)
+    assert torch.allclose(w, raw / raw.mean(), atol=1e-6)
+    assert w.mean().item() == pytest.approx(1.0)
+
+
+def test_awac_weights_by_hand_and_per_episode():
+    from lit_agents.algorithms.losses import awac_weights
+
+    adv = torch.tensor([0.0, math.log(3.0), 0.0, 0.0])
+    # global: raw [1, 3, 1, 1] / mean 1.5
+    assert torch.allclose(awac_weights(adv), torch.tensor([2 / 3, 2.0, 2 / 3, 2 / 3]))
+    # per episode: ep 0 = [1, 3] / 2 -> [0.5, 1.5]; ep 1 = [1, 1] -> [1, 1]
+    w = awac_weights(adv, episode_ids=torch.tensor([5, 5, 9, 9]))
+    assert torch.allclose(w, torch.tensor([0.5, 1.5, 1.0, 1.0]))
+    # capped after normalizing: raw [1, e^20] / mean -> ~[0, 2]; cap 1.5
+    capped = awac_weights(torch.tensor([0.0, 40.0]), alpha=2.0, clip=1.5)
+    assert capped.max().item() == pytest.approx(1.5)

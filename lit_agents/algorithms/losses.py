@@ -18,6 +18,9 @@ Implemented:
 - ``kl_estimate`` / ``kl_loss``: k1, k2, k3 estimators of ``KL(pi || ref)`` with samples from pi
   (Schulman, "Approximating KL divergence", 2020).
 - ``sft_loss``: mean NLL over target tokens.
+- Multi2's System 2 actor-critic, per action (tensors ``[N]``): ``td_targets`` (terminal
+  transitions included), ``expectile_loss`` (V toward Q), ``policy_anchored_weights`` (offline
+  actor) and ``awac_weights`` (online actor), as in ALGORITHMS.md.
 - ``token_logprobs``: log-probs of the given ids from last hidden states, in chunks under
   ``torch.utils.checkpoint``, so the ``[B, T, V]`` logits never exist whole.
 
@@ -28,6 +31,7 @@ Normalization: by default a loss is the mean over the mask's tokens (token-mean 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
@@ -45,6 +49,10 @@ __all__ = [
     "kl_estimate",
     "kl_loss",
     "sft_loss",
+    "td_targets",
+    "expectile_loss",
+    "policy_anchored_weights",
+    "awac_weights",
     "token_logprobs",
     "token_logprobs_and_entropy",
 ]
@@ -265,6 +273,47 @@ def sft_loss(logp: Tensor, mask: Tensor, normalizer: float | None = None) -> Los
         nll = masked_mean(-logp.detach().float(), mask)
         stats = {"nll": nll, "ppl": nll.exp(), "tokens": mask.sum().float()}
     return LossOutput(loss, stats)
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi2 System 2: actor-critic over actions (one value per action, tensors [N]).
+
+
+def td_targets(rewards: Tensor, next_values: Tensor, dones: Tensor, gamma: float = 0.99) -> Tensor:
+    """One-step TD targets ``r + gamma * (1 - done) * V(s')``, terminal transitions included
+    (their target is the reward alone). Returned detached."""
+    return (rewards + gamma * (1.0 - dones.float()) * next_values).detach()
+
+
+def expectile_loss(diff: Tensor, kappa: float = 0.7) -> Tensor:
+    """Expectile regression: mean of ``|kappa - 1[diff < 0]| * diff**2`` with ``diff = target -
+    prediction`` (IQL's V loss; ``kappa > 0.5`` leans V toward the upper expectile of Q)."""
+    if not 0.0 < kappa < 1.0:
+        raise ValueError(f"kappa must be in (0, 1), got {kappa}")
+    weight = torch.where(diff < 0, 1.0 - kappa, kappa)
+    return (weight * diff.square()).mean()
+
+
+def policy_anchored_weights(adv: Tensor, lam: float = 7.0, beta: float = 10.0, clip: float = 20.0) -> Tensor:
+    """Multi2's offline actor weights ``lam * relu(A) + min(exp(beta * A), clip)``, normalized to
+    mean 1 over the batch (detached)."""
+    adv = adv.detach().float()
+    w = lam * adv.clamp(min=0) + torch.exp((beta * adv).clamp(max=math.log(clip)))
+    return w / w.mean().clamp(min=1e-8)
+
+
+def awac_weights(adv: Tensor, alpha: float = 1.0, clip: float = 20.0, episode_ids: Tensor | None = None) -> Tensor:
+    """AWAC weights ``exp(clip(A / alpha, -20, 20))`` normalized to mean 1 (per episode when
+    ``episode_ids`` are given), then capped at ``clip`` (detached)."""
+    w = torch.exp((adv.detach().float() / alpha).clamp(-20.0, 20.0))
+    if episode_ids is None:
+        w = w / w.mean()
+    else:
+        _, index = torch.unique(episode_ids, return_inverse=True)
+        sums = torch.zeros(int(index.max()) + 1, dtype=w.dtype, device=w.device).index_add_(0, index, w)
+        counts = torch.bincount(index).to(w.dtype)
+        w = w / (sums / counts)[index]
+    return w.clamp(max=clip)
 
 
 # ---------------------------------------------------------------------------------------------
