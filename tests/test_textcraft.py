@@ -365,3 +365,32 @@ def test_train_goals_keeps_a_stable_subset_and_val_follows() -> None:
     assert {t.goal for t in TextCraft(min_depth=2, max_depth=2, train_goals=20).tasks("train")} >= goals  # nested
     with pytest.raises(ValueError):
         TextCraft(train_goals=0)
+
+
+def test_subgoal_experts_solve_every_goal_and_subgoals_are_checkable() -> None:
+    env = TextCraft(min_depth=2, max_depth=4, compact=True)
+    for task in env.tasks("train")[::7] + env.tasks("test")[::3]:
+        state, _ = env.reset(task)
+        subgoals = []
+        while not state.done and len(subgoals) < 20:
+            subgoal = env.expert_subgoal(state)
+            assert not env.goal_met(state, subgoal)
+            subgoals.append(subgoal)
+            for _ in range(60):
+                env.step(state, env.expert_subgoal_action(state, subgoal))
+                if env.goal_met(state, subgoal):
+                    break
+            assert env.goal_met(state, subgoal), (task, subgoal)
+        assert state.success and subgoals[-1] == f"craft 1 {task.goal}"
+
+
+def test_goal_met_language() -> None:
+    env = TextCraft(min_depth=2, max_depth=2, compact=True)
+    state, _ = env.reset(env.tasks("train")[1])  # acacia door: 6 acacia planks
+    assert env.expert_subgoal(state) == "craft 6 acacia planks"
+    env.step(state, "get 1 acacia logs")
+    assert env.goal_met(state, "get 1 acacia logs") and env.goal_met(state, "Get 1 Acacia Logs.")
+    assert not env.goal_met(state, "get 2 acacia logs") and not env.goal_met(state, "have fun")
+    assert not env.goal_met(state, "craft 1 acacia door")
+    assert env.expert_subgoal_action(state, "craft 6 acacia planks") == "craft 4 acacia planks using 1 acacia logs"
+    assert env.expert_subgoal_action(state, "nonsense") == "inventory"

@@ -89,6 +89,15 @@ class TextEnv(ABC):
         parent check a child's subtask (subagents) and a planner's subgoal (Multi2)."""
         raise NotImplementedError(f"{type(self).__name__} cannot check subgoals")
 
+    def expert_subgoal(self, state: Any) -> str:
+        """The expert planner's next subgoal (a goal `goal_met` can check), for hierarchical
+        agents (Multi2's System 1 demonstrations)."""
+        raise NotImplementedError(f"{type(self).__name__} has no subgoal expert")
+
+    def expert_subgoal_action(self, state: Any, subgoal: str) -> str:
+        """The expert executor's next action toward ``subgoal`` (System 2 demonstrations)."""
+        raise NotImplementedError(f"{type(self).__name__} has no subgoal expert")
+
     def corpus(self) -> Iterator[str]:
         """Text this env can show or accept, for building the embedded default's tokenizer."""
         return iter(())
