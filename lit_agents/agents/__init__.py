@@ -1,5 +1,6 @@
 """Agent loops: how a policy plays an environment (turns, sessions, trees)."""
 
+from lit_agents.agents.hierarchical import HierarchicalAgent
 from lit_agents.agents.react import ReActAgent
 
-__all__ = ["ReActAgent"]
+__all__ = ["HierarchicalAgent", "ReActAgent"]

@@ -28,21 +28,27 @@ from lit_agents.envs.base import Split, StepResult, Task, TextEnv, play_expert
 
 @dataclass
 class Episode:
-    """One played episode in text: the first observation, then (action, result) per step."""
+    """One played episode in text: the first observation, then (action, result) per step.
+
+    ``subgoals`` (hierarchical agents only): per step ``{"subgoal", "start", "flag"}``: the
+    subgoal the action served, whether it opened that subgoal, and the executor's done flag.
+    """
 
     task: Task
     observation: str
     steps: list[tuple[str, StepResult]] = field(default_factory=list)
     success: bool = False
     env: str = ""
+    subgoals: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "task": asdict(self.task),
             "observation": self.observation,
             "steps": [
-                {"action": a, "observation": r.observation, "reward": r.reward, "done": r.done, "success": r.success}
-                for a, r in self.steps
+                {"action": a, "observation": r.observation, "reward": r.reward, "done": r.done, "success": r.success,
+                 **(self.subgoals[i] if self.subgoals else {})}
+                for i, (a, r) in enumerate(self.steps)
             ],
             "success": self.success,
             "env": self.env,
@@ -56,7 +62,10 @@ class Episode:
                                          bool(s.get("success", False))))
                 for s in d["steps"]
             ]
-            return cls(Task(**d["task"]), d["observation"], steps, bool(d.get("success", False)), d.get("env", ""))
+            notes = [{k: s[k] for k in ("subgoal", "start", "flag") if k in s} for s in d["steps"]]
+            subgoals = notes if notes and all(notes) else None
+            return cls(Task(**d["task"]), d["observation"], steps, bool(d.get("success", False)), d.get("env", ""),
+                       subgoals)
         except (KeyError, TypeError) as err:
             raise ValueError(f"not a demonstration episode (see lit_agents.data.demos): {err!r}") from err
 

