@@ -4,6 +4,7 @@
     lit-agents fit -c configs/quickstart_rl.yaml --print_config
     lit-agents quickstart                                # SFT then RL on TextCraft, with a table
     lit-agents demos -c configs/quickstart.yaml --out demos.jsonl   # expert episodes to JSONL
+    lit-agents multi2                                    # Multi2's stages + baselines, with a table
 
 Configs use the omegaconf parser mode (``${...}`` interpolation). The YAML is the registry:
 modules, environments, agents and advantage functions are chosen by ``class_path``.
@@ -45,9 +46,14 @@ class AgentsCLI(LightningCLI):
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["quickstart"]:
-        from lit_agents.quickstart import main as quickstart
+        from lit_agents.pipelines.quickstart import main as quickstart
 
         quickstart(argv[1:])
+        return
+    if argv[:1] == ["multi2"]:
+        from lit_agents.pipelines.multi2 import main as multi2
+
+        multi2(argv[1:])
         return
     if argv[:1] == ["demos"]:
         from lit_agents.data.demos import main as demos

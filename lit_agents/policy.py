@@ -21,7 +21,7 @@ from typing import Literal
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from lit_agents.algorithms.losses import token_logprobs
 from lit_agents.tiny import TinyConfig, embedded_default
@@ -134,6 +134,8 @@ class AgentPolicy(nn.Module):
             every weight (for small models trained from scratch).
         roles: adapter names to create (LoRA only). The first is active after construction.
         adapters: role -> folder of a saved peft adapter to start that role from (trainable).
+        frozen_adapters: role -> folder of a saved peft adapter loaded frozen (an earlier stage's
+            role that this stage uses but does not train, or a KL reference).
         lora_r: LoRA rank.
         lora_alpha: LoRA alpha.
         lora_dropout: LoRA dropout.
@@ -153,6 +155,7 @@ class AgentPolicy(nn.Module):
         finetune: Literal["lora", "full"] = "lora",
         roles: list[str] | None = None,
         adapters: dict[str, str] | None = None,
+        frozen_adapters: dict[str, str] | None = None,
         lora_r: int = 16,
         lora_alpha: int = 32,
         lora_dropout: float = 0.05,
@@ -166,7 +169,7 @@ class AgentPolicy(nn.Module):
         super().__init__()
         if tiny is not None and model != "tiny":
             raise ValueError(f"`tiny` sizes the embedded default only, but model={model!r}")
-        if finetune == "full" and (roles or adapters or load_in_4bit):
+        if finetune == "full" and (roles or adapters or frozen_adapters or load_in_4bit):
             raise ValueError("finetune='full' trains the whole model: roles, adapters and load_in_4bit do not apply")
         self.name = model
         self.finetune = finetune
@@ -181,10 +184,12 @@ class AgentPolicy(nn.Module):
             self.lora_settings["targets"] = default_lora_targets(base)
         self._roles: list[str] = []
         if finetune == "lora":
-            for role in roles or ["default"]:
+            for role in roles or ([] if adapters or frozen_adapters else ["default"]):
                 self.add_role(role)
             for role, path in (adapters or {}).items():
                 self.load_role(role, path, trainable=True)
+            for role, path in (frozen_adapters or {}).items():
+                self.load_role(role, path, trainable=False)
             self.set_role(self._roles[0])
 
     # ----------------------------------------------------------------------------- loading

@@ -30,7 +30,7 @@ def test_expert_episode_solves_and_annotates_subgoals(textcraft):
     assert episode.success
     starts = [n["subgoal"] for n in episode.subgoals if n["start"]]
     assert starts == ["craft 6 acacia planks", "craft 1 acacia door"]
-    assert [n["flag"] for n in episode.subgoals] == [False, False, False, True, True]
+    assert [n["flag"] for n in episode.subgoals] == [False, False, True, True]
     again = Episode.from_dict(json.loads(json.dumps(episode.to_dict())))
     assert again.subgoals == episode.subgoals
 
@@ -52,7 +52,7 @@ def test_replay_builds_planner_and_executor_sessions(textcraft, policy):
     assert roles == ["planner", "executor", "planner", "executor"] and rollout.success
     assert all(c.role == s.meta["role"] for s in rollout.sessions for c in s.calls)
     first_exec, last_exec = rollout.sessions[1], rollout.sessions[3]
-    assert first_exec.meta["rewards"] == [0.0, 0.0, 0.0, 1.0] and first_exec.meta["dones"] == [0, 0, 0, 1]
+    assert first_exec.meta["rewards"] == [0.0, 0.0, 1.0] and first_exec.meta["dones"] == [0, 0, 1]
     assert last_exec.meta["rewards"] == [2.0]  # subgoal met + the task's reward
     assert first_exec.calls[-1].completion_text.endswith("; done")
     assert "Previous subgoal: craft 6 acacia planks (done)" in rollout.sessions[2].calls[0].prompt_text

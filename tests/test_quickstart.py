@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_agents.quickstart import main
+from lit_agents.pipelines.quickstart import main
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 TINY = [

@@ -1,6 +1,7 @@
 """Agent loops: how a policy plays an environment (turns, sessions, trees)."""
 
+from lit_agents.agents.base import Agent
 from lit_agents.agents.hierarchical import HierarchicalAgent
 from lit_agents.agents.react import ReActAgent
 
-__all__ = ["HierarchicalAgent", "ReActAgent"]
+__all__ = ["Agent", "HierarchicalAgent", "ReActAgent"]

@@ -24,6 +24,7 @@ annotations (``Episode.subgoals``), replayed into sessions exactly like live rol
 
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lit_agents.agents.base import Agent
 from lit_agents.data.demos import Episode
 from lit_agents.envs.base import StepResult, Task, TextEnv
 from lit_agents.generation import GenerationEngine, SamplingParams
@@ -62,7 +64,7 @@ class _Episode:
     reason: str = ""
 
 
-class HierarchicalAgent:
+class HierarchicalAgent(Agent):
     """Planner/executor loop over a text environment with checkable subgoals.
 
     Args:
@@ -174,7 +176,7 @@ class HierarchicalAgent:
         while live:
             planners = [e for e in live if e.planning]
             if planners:
-                with policy.role(self.planner_role):
+                with _as_role(policy, self.planner_role):
                     prompts = [self.planner_prompt(e.task_text, e.observation, e.previous) for e in planners]
                     ids = [policy.chat.start(self.planner_system, p) for p in prompts]
                     outs = engine.generate([None] * len(planners), ids, plan_params, generator)
@@ -184,7 +186,7 @@ class HierarchicalAgent:
                                                policy_version, p, text), self.parse_subgoal(text))
             actors = [e for e in live if not e.planning and not e.done]
             if actors:
-                with policy.role(self.executor_role):
+                with _as_role(policy, self.executor_role):
                     outs = engine.generate([e.context for e in actors], [e.pending for e in actors], act_params,
                                            generator)
                 for e, out in zip(actors, outs):
@@ -254,8 +256,8 @@ class HierarchicalAgent:
         rng = random.Random(f"{task.task_id}/{seed}")
         state, first = env.reset(task)
         episode = Episode(task, first, env=f"{type(env).__module__}.{type(env).__qualname__}", subgoals=[])
-        max_steps = self.max_steps or env.max_steps
-        for _ in range(self.max_subgoals):
+        max_steps = env.max_steps  # the env's limit, not the agent's (as ReActAgent's expert)
+        for _ in range(max_steps):
             subgoal = env.expert_subgoal(state)
             for k in range(self.max_subgoal_steps):
                 noisy = epsilon > 0 and rng.random() < epsilon
@@ -296,6 +298,11 @@ class HierarchicalAgent:
             self._act(policy, e, call, action, bool(note["flag"]), result, met, len(episode.steps) + 1)
         e.success = episode.success
         return self._finish(e)
+
+
+def _as_role(policy: AgentPolicy, role: str):
+    """The role's adapter; a policy without adapters (full fine-tuning) plays every role."""
+    return policy.role(role) if policy.roles else contextlib.nullcontext()
 
 
 def _goal_met(env: TextEnv, state: Any, subgoal: str) -> bool:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lit_agents.agents.base import Agent
 from lit_agents.envs.base import StepResult, Task, TextEnv
 from lit_agents.generation import GenerationEngine, SamplingParams
 from lit_agents.policy import AgentPolicy
@@ -40,7 +41,7 @@ class _Episode:
     reason: str = ""
 
 
-class ReActAgent:
+class ReActAgent(Agent):
     """Think-act loop over a text environment, batched across episodes.
 
     Args:

@@ -26,6 +26,7 @@ __all__ = [
     "demo_row",
     "session_row",
     "session_rows",
+    "transition_rows",
     "collate_rows",
     "batches_by_tokens",
 ]
@@ -194,7 +195,34 @@ def session_rows(
     return rows
 
 
-def collate_rows(rows: list[Row], pad_id: int) -> dict[str, Tensor]:
+def transition_rows(rollouts: list[Rollout], role: str) -> list[Row]:
+    """One row per session of ``role`` that records per-call transitions (Multi2's executor).
+
+    Such sessions hold ``meta["rewards"]`` and ``meta["dones"]``, one per call (see
+    `agents.hierarchical`). The row's ``meta`` gets ``spans`` (``[start, end)`` token span of each
+    call's completion), ``rewards``, ``dones``, ``met`` (the subgoal was met) and ``rollout``.
+    """
+    rows = []
+    for i, rollout in enumerate(rollouts):
+        for session in rollout.sessions:
+            rewards = session.meta.get("rewards")
+            if session.meta.get("role") != role or not session.calls or rewards is None:
+                continue
+            row = session_row(session, 0.0)
+            if row is None:
+                continue
+            spans, at = [], 0
+            for call in session.calls:
+                at += len(call.prompt_ids)
+                spans.append((at, at + len(call.completion_ids)))
+                at += len(call.completion_ids)
+            row.meta.update(rollout=i, group_id=rollout.group_id, task_id=rollout.task_id, spans=spans,
+                            rewards=list(rewards), dones=list(session.meta["dones"]), met=bool(session.meta.get("met")))
+            rows.append(row)
+    return rows
+
+
+def collate_rows(rows: list[Row], pad_id: int, with_meta: bool = False) -> dict[str, Tensor]:
     """Right-pad rows into a batch.
 
     Args:
@@ -204,7 +232,8 @@ def collate_rows(rows: list[Row], pad_id: int) -> dict[str, Tensor]:
     Returns:
         ``input_ids [B, T]`` long, ``attention_mask [B, T]`` long, ``action_mask [B, T]`` bool,
         ``old_logprobs [B, T]`` float32, ``advantages [B, T]`` float32, where ``T`` is the
-        longest row; padding is 0 / False everywhere except ``input_ids`` (``pad_id``).
+        longest row; padding is 0 / False everywhere except ``input_ids`` (``pad_id``). With
+        ``with_meta``, also ``meta``: the rows' ``meta`` dicts (for per-row data such as spans).
     """
     if not rows:
         raise ValueError("collate_rows needs at least one row")
@@ -225,6 +254,8 @@ def collate_rows(rows: list[Row], pad_id: int) -> dict[str, Tensor]:
         batch["action_mask"][b, :n] = torch.tensor(row.action_mask, dtype=torch.bool)
         batch["old_logprobs"][b, :n] = torch.tensor(row.old_logprobs, dtype=torch.float32)
         batch["advantages"][b, :n] = torch.tensor(row.advantages, dtype=torch.float32)
+    if with_meta:
+        batch["meta"] = [row.meta for row in rows]
     return batch
 
 

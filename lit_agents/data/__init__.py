@@ -1,5 +1,9 @@
 """Data modules: online rollouts each epoch, expert demonstrations."""
 
-from lit_agents.data.rollouts import AgentDataModule, DemonstrationDataModule, RolloutDataModule
+from lit_agents.data.rollouts import (
+    AgentDataModule,
+    DemonstrationDataModule,
+    RolloutDataModule,
+)
 
 __all__ = ["AgentDataModule", "DemonstrationDataModule", "RolloutDataModule"]

@@ -23,9 +23,14 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, IterableDataset
 
+from lit_agents.agents.base import Agent
 from lit_agents.agents.react import ReActAgent
+from lit_agents.algorithms.collate import (
+    Row,
+    batches_by_tokens,
+    collate_rows,
+)
 from lit_agents.data.demos import expert_episodes, read_episodes, write_episodes
-from lit_agents.algorithms.collate import Row, batches_by_tokens, collate_rows, session_rows
 from lit_agents.envs.base import Split, Task, TextEnv
 from lit_agents.types import Rollout
 
@@ -41,7 +46,7 @@ class _Batches(IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         for rows in self.batches:
-            yield collate_rows(rows, self.pad_id) if rows else {}  # {}: nothing to learn this step
+            yield collate_rows(rows, self.pad_id, with_meta=True) if rows else {}  # {}: nothing to learn this step
 
 
 class _LazyRollouts(IterableDataset):
@@ -77,7 +82,7 @@ class AgentDataModule(LightningDataModule):
     def __init__(
         self,
         env: TextEnv,
-        agent: ReActAgent | None = None,
+        agent: Agent | None = None,
         val_tasks: int | None = 64,
         val_greedy: bool = True,
         val_chunk: int = 64,
@@ -167,7 +172,7 @@ class RolloutDataModule(AgentDataModule):
     def __init__(
         self,
         env: TextEnv,
-        agent: ReActAgent | None = None,
+        agent: Agent | None = None,
         tasks_per_epoch: int = 16,
         group_size: int = 8,
         max_tokens_per_batch: int = 16384,
@@ -234,13 +239,17 @@ class DemonstrationDataModule(AgentDataModule):
         path: a JSONL file of text episodes (`lit_agents.data.demos`, as ``lit-agents demos``
             writes): read from it when it exists, written to it after generating otherwise.
             Bring your own demonstrations here.
+        noisy: fraction of the demonstrations played by an epsilon-noisy expert (agents with an
+            ``expert_episode(env, task, epsilon, seed)``, e.g. `HierarchicalAgent`): offline RL
+            data with something to choose between. Their failures are kept.
+        epsilon: the noisy expert's chance of a random action per step.
         **kwargs: see `AgentDataModule`.
     """
 
     def __init__(
         self,
         env: TextEnv,
-        agent: ReActAgent | None = None,
+        agent: Agent | None = None,
         demos: int | None = None,
         max_tokens_per_batch: int = 8192,
         path: str | None = None,
@@ -249,8 +258,15 @@ class DemonstrationDataModule(AgentDataModule):
         val_chunk: int = 64,
         seed: int = 0,
         val_split: Split = "test",
+        noisy: float = 0.0,
+        epsilon: float = 0.3,
     ) -> None:
         super().__init__(env, agent, val_tasks, val_greedy, val_chunk, seed, val_split=val_split)
+        if not 0.0 <= noisy <= 1.0 or not 0.0 <= epsilon <= 1.0:
+            raise ValueError(f"noisy and epsilon must be in [0, 1], got {noisy}, {epsilon}")
+        if noisy and not hasattr(self.agent, "expert_episode"):
+            raise ValueError(f"noisy demonstrations need an agent with expert_episode, not {type(self.agent).__name__}")
+        self.noisy, self.epsilon = noisy, epsilon
         self.demos = demos
         self.max_tokens_per_batch = max_tokens_per_batch
         self.path = path
@@ -267,8 +283,8 @@ class DemonstrationDataModule(AgentDataModule):
         if self.path and Path(self.path).exists():
             episodes = read_episodes(self.path)
         else:
-            episodes = list(expert_episodes(self.env, self.demo_tasks()))
-            failed = [e.task.task_id for e in episodes if not e.success]
+            episodes = self._expert_episodes(self.demo_tasks())
+            failed = [e.task.task_id for i, e in enumerate(episodes) if not e.success and not self._is_noisy(i)]
             if failed:
                 raise RuntimeError(f"the expert failed {len(failed)} demonstrations, e.g. {failed[:3]}")
             if self.path and self.world[0] == 0:  # one writer under DDP
@@ -276,10 +292,20 @@ class DemonstrationDataModule(AgentDataModule):
         policy = self.trainer.lightning_module.policy
         return [self.agent.replay(policy, self.env, e, i) for i, e in enumerate(episodes)]
 
+    def _is_noisy(self, i: int) -> bool:
+        return self.noisy > 0 and (i * self.noisy) % 1.0 + self.noisy >= 1.0  # evenly spread
+
+    def _expert_episodes(self, tasks: list[Task]) -> list:
+        play = getattr(self.agent, "expert_episode", None)
+        if play is None:
+            return list(expert_episodes(self.env, tasks))
+        return [play(self.env, t, self.epsilon if self._is_noisy(i) else 0.0, seed=self.seed + i)
+                for i, t in enumerate(tasks)]
+
     def setup(self, stage: str) -> None:
         if stage == "fit" and not self.rows:
             rollouts = self.rank_share(self.demonstrations())
-            self.rows = session_rows(rollouts, [[1.0] * len(r.sessions) for r in rollouts])
+            self.rows = self.trainer.lightning_module.demonstration_rows(rollouts)
 
     def train_dataloader(self) -> DataLoader:
         rows = list(self.rows)

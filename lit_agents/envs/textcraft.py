@@ -347,16 +347,22 @@ class TextCraft(TextEnv):
         return f"craft {count} {item_id_to_str(lowest.output)}"
 
     def expert_subgoal_action(self, state: TextCraftState, subgoal: str) -> str:
-        """Just-in-time gets and crafts of the subgoal's item until it is met (``inventory`` when
-        there is nothing it can do: met already, unparsable, or not in the goal's plan)."""
+        """Get every base item the subgoal's crafts lack at once, then repeat the craft until the
+        subgoal is met (``inventory`` when there is nothing it can do: met already, unparsable,
+        or not in the goal's plan)."""
         m = _SUBGOAL.fullmatch(" ".join(subgoal.split()).lower().rstrip("."))
         if state.done or m is None or self.goal_met(state, subgoal):
             return "inventory"
-        item = str_to_item_id(m[2])
+        item, want = str_to_item_id(m[2]), int(m[1])
         recipe = next((r for r in self.book.plan(state.goal).crafts if r.output == item), None)
         if recipe is None:
-            return f"get {m[1]} {item_id_to_str(item)}" if self.book.gettable(item) else "inventory"
-        return self._one_craft(state, recipe)
+            return f"get {want} {item_id_to_str(item)}" if self.book.gettable(item) else "inventory"
+        crafts = -(-max(1, want - state.inventory.get(item, 0)) // recipe.count)
+        for ing in recipe.inputs:
+            short = ing.count * crafts - state.inventory.get(ing.name, 0)
+            if short > 0 and self.book.gettable(ing.name):
+                return f"get {short} {item_id_to_str(ing.name)}"
+        return recipe.line
 
     def corpus(self) -> Iterator[str]:
         """Recipe lines, item names, the instructions, example observations and actions."""

@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import grad_norm
 from torchmetrics import MeanMetric
 
 from lit_agents.algorithms.advantages import zero_signal_fraction
+from lit_agents.algorithms.collate import Row, session_rows
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Rollout
 
@@ -57,6 +58,11 @@ class AgentModule(LightningModule):
     def rollouts_to_rows(self, rollouts: list[Rollout]):
         """Advantages + collate: called by `RolloutDataModule` with each epoch's rollouts."""
         raise NotImplementedError(f"{type(self).__name__} does not train on rollouts")
+
+    def demonstration_rows(self, rollouts: list[Rollout]) -> list[Row]:
+        """Training rows from demonstration rollouts (`DemonstrationDataModule`): every session
+        with its targets (weight 1). Modules narrow it (a role) or reshape it (transitions)."""
+        return session_rows(rollouts, [[1.0] * len(r.sessions) for r in rollouts])
 
     # ------------------------------------------------------------------ validation
     def on_validation_epoch_start(self) -> None:

@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lit_agents.algorithms.advantages import grpo_advantages, group_has_signal
+from lit_agents.algorithms.advantages import group_has_signal, grpo_advantages
 from lit_agents.algorithms.collate import Row, session_rows
 from lit_agents.algorithms.losses import cispo_loss, kl_loss, ppo_clip_loss
 from lit_agents.modules.base import AgentModule

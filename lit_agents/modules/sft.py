@@ -15,9 +15,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from lit_agents.algorithms.collate import Row
 from lit_agents.algorithms.losses import sft_loss
 from lit_agents.modules.base import AgentModule
 from lit_agents.policy import AgentPolicy
+from lit_agents.types import Rollout
 
 
 class System1SFT(AgentModule):
@@ -42,8 +44,15 @@ class System1SFT(AgentModule):
         lr_schedule: Literal["constant", "cosine"] = "constant",
     ) -> None:
         super().__init__(policy, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, lr_schedule=lr_schedule)
-        if role is not None:
+        self.role = role
+        if role is not None and policy.finetune == "lora":
             policy.set_role(role)
+
+    def demonstration_rows(self, rollouts: list[Rollout]) -> list[Row]:
+        """Every session's targets, or with ``role`` only the sessions that role produced (a
+        hierarchical demonstration holds planner and executor sessions)."""
+        rows = super().demonstration_rows(rollouts)
+        return rows if self.role is None else [r for r in rows if r.role == self.role]
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         logp = self.policy.token_logprobs(batch["input_ids"], batch["attention_mask"])

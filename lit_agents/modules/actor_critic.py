@@ -1,0 +1,260 @@
+"""Multi2's System 2: the executor trained by offline actor-critic, then online RL.
+
+ALGORITHMS.md (Multi2). Per executor action ``a_t``: ``h_t`` is the last-layer hidden state at the
+action's last token (the executor adapter active), ``l_t`` the mean token log-prob of the action.
+Q and V are small fp32 MLP heads on ``h_t`` detached from the actor **[choice]**, with Polyak
+target copies (``tau``); manual optimisation with two optimizers (actor: the executor adapter;
+critic: the heads).
+
+- ``phase="offline"`` (on `DemonstrationDataModule` data: expert + epsilon-noisy episodes):
+  Q by TD toward ``r + gamma (1 - d) V_target(h_{t+1})`` (terminal transitions included
+  **[choice]**), V by expectile regression toward ``Q_target(h_t)``, actor weighted by
+  ``policy_anchored_weights(Q - V)``.
+- ``phase="online"`` (on `RolloutDataModule` data played by `HierarchicalAgent`): a FIFO replay
+  buffer of executor subgoal episodes, seeded with the successful ones of ``buffer_seed`` (a
+  demonstrations JSONL), fed each epoch with the new episodes (successes, and a ``keep_failures``
+  share of failures); Q by TD toward ``r + gamma (1 - d) Q_target(h_{t+1})``; actor weighted by
+  ``awac_weights(Q_target(h_t) - mean over the episode of Q_target)`` per episode; plus
+  ``kl_coef * KL(pi || pi_offline)`` when a `KLAnchor` (reference ``executor_offline``) is set.
+
+The planner adapter is never trained here (only the executor's parameters are optimised).
+Deviation: the executor's action log-prob is a token mean, as in Multi2's code.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from lit_agents.algorithms.collate import Row, transition_rows
+from lit_agents.algorithms.losses import (
+    awac_weights,
+    expectile_loss,
+    kl_estimate,
+    masked_mean,
+    policy_anchored_weights,
+    td_targets,
+    token_logprobs,
+)
+from lit_agents.modules.base import AgentModule
+from lit_agents.policy import AgentPolicy
+from lit_agents.types import Rollout
+
+
+class ValueHead(nn.Module):
+    """A small fp32 MLP: hidden state -> scalar."""
+
+    def __init__(self, hidden_size: int, width: int = 256) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(hidden_size, width), nn.GELU(), nn.Linear(width, 1))
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.net(h.float()).squeeze(-1)
+
+
+class System2ActorCritic(AgentModule):
+    """Offline actor-critic, then online AWAC with a KL anchor, for the executor role.
+
+    Args:
+        policy: the backbone with ``role`` (trained), the planner and, online, ``executor_offline``.
+        phase: ``"offline"`` or ``"online"``.
+        role: the executor adapter.
+        lr: actor (adapter) learning rate.
+        critic_lr: Q/V heads learning rate.
+        gamma: discount per executor step.
+        tau: Polyak rate of the target heads.
+        kappa: expectile of V (offline).
+        lam, beta: policy-anchored weights ``lam * relu(A) + min(exp(beta * A), clip)`` (offline).
+        alpha: AWAC temperature (online).
+        weight_clip: cap of the actor weights.
+        head_width: hidden width of the heads.
+        buffer_capacity: replay buffer size in executor episodes (online).
+        buffer_seed: demonstrations JSONL whose successful executor episodes seed the buffer
+            (online; replayed with the data module's agent).
+        keep_failures: share of new failed executor episodes kept in the buffer.
+        rows_per_epoch: buffer episodes trained on per epoch (online; ``None`` = all).
+        kl_estimator: KL estimator toward ``executor_offline`` (k1 in the paper).
+        critic_warmup_steps: optimizer steps that train the critic only (the actor waits for a
+            critic that knows something).
+        weight_decay: AdamW weight decay of the actor.
+    """
+
+    def __init__(
+        self,
+        policy: AgentPolicy,
+        phase: Literal["offline", "online"] = "offline",
+        role: str = "executor",
+        lr: float = 1e-4,
+        critic_lr: float = 1e-3,
+        gamma: float = 0.99,
+        tau: float = 0.005,
+        kappa: float = 0.7,
+        lam: float = 7.0,
+        beta: float = 10.0,
+        alpha: float = 1.0,
+        weight_clip: float = 20.0,
+        head_width: int = 256,
+        buffer_capacity: int = 2000,
+        buffer_seed: str | None = None,
+        keep_failures: float = 0.1,
+        rows_per_epoch: int | None = 256,
+        kl_estimator: Literal["k1", "k2", "k3"] = "k1",
+        critic_warmup_steps: int = 0,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(policy, lr=lr, weight_decay=weight_decay)
+        if phase not in ("offline", "online"):
+            raise ValueError(f"phase must be 'offline' or 'online', got {phase!r}")
+        if role not in policy.roles:
+            raise ValueError(f"System2ActorCritic trains adapter {role!r}, not a role of the policy: {policy.roles}")
+        self.automatic_optimization = False
+        self.phase, self.role = phase, role
+        policy.set_role(role)
+        hidden = policy.model.config.hidden_size
+        self.q, self.v = ValueHead(hidden, head_width), ValueHead(hidden, head_width)
+        self.q_target, self.v_target = copy.deepcopy(self.q), copy.deepcopy(self.v)
+        self.q_target.requires_grad_(False)
+        self.v_target.requires_grad_(False)
+        self.buffer: list[Row] = []
+        self.kl_coef = 0.0
+        self._rng = random.Random(0)
+        self._batches = 0
+
+    # ------------------------------------------------------------------ rows
+    def demonstration_rows(self, rollouts: list[Rollout]) -> list[Row]:
+        return transition_rows(rollouts, self.role)
+
+    def rollouts_to_rows(self, rollouts: list[Rollout]) -> list[Row]:
+        """Online: new executor episodes into the FIFO buffer; a sample of the buffer to train on."""
+        if not self.buffer and self.hparams.buffer_seed:
+            self.seed_buffer(self.hparams.buffer_seed)
+        for row in transition_rows(rollouts, self.role):
+            if row.meta["met"] or self._rng.random() < self.hparams.keep_failures:
+                self.buffer.append(row)
+        del self.buffer[: max(0, len(self.buffer) - self.hparams.buffer_capacity)]
+        n = self.hparams.rows_per_epoch
+        return list(self.buffer) if n is None or n >= len(self.buffer) else self._rng.sample(self.buffer, n)
+
+    def seed_buffer(self, path: str) -> None:
+        """The successful executor episodes of a demonstrations file (newest last, capped)."""
+        from lit_agents.data.demos import read_episodes
+
+        dm = self.trainer.datamodule
+        rollouts = [dm.agent.replay(self.policy, dm.env, e, i) for i, e in enumerate(read_episodes(path))]
+        rows = [r for r in transition_rows(rollouts, self.role) if r.meta["met"]]
+        self.buffer = rows[-self.hparams.buffer_capacity :]
+
+    # ------------------------------------------------------------------ training
+    def _transitions(self, batch: dict[str, Any]) -> dict[str, Tensor]:
+        """Per action: features h, next features, rewards, dones, episode ids, mean log-probs."""
+        hidden = self.policy.hidden_states(batch["input_ids"], batch["attention_mask"])
+        head = self.policy.model.get_output_embeddings()
+        logp = token_logprobs(hidden, head.weight, batch["input_ids"], lm_head_bias=head.bias,
+                              chunk_size=self.policy.logprob_chunk_size)
+        rows, ends, lps, rewards, dones, next_index, episodes = [], [], [], [], [], [], []
+        for b, meta in enumerate(batch["meta"]):
+            n = len(meta["spans"])
+            for k, (start, end) in enumerate(meta["spans"]):
+                rows.append(b)
+                ends.append(end - 1)
+                lps.append(logp[b, start:end].mean())
+                next_index.append(len(rows) if k + 1 < n else len(rows) - 1)  # terminal: itself (masked)
+                episodes.append(b)
+            rewards += meta["rewards"]
+            dones += [1.0 if k + 1 == n else d for k, d in enumerate(meta["dones"])]  # a row ends its episode
+        device = hidden.device
+        h = hidden[torch.tensor(rows, device=device), torch.tensor(ends, device=device)]
+        return {
+            "h": h,
+            "next": torch.tensor(next_index, device=device),
+            "logp": torch.stack(lps),
+            "rewards": torch.tensor(rewards, device=device, dtype=torch.float32),
+            "dones": torch.tensor(dones, device=device, dtype=torch.float32),
+            "episodes": torch.tensor(episodes, device=device),
+            "token_logp": logp,
+        }
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        if not batch:
+            return
+        actor_opt, critic_opt = self.optimizers()
+        t = self._transitions(batch)
+        h = t["h"].detach()
+        hp = self.hparams
+        with torch.no_grad():
+            q_target = self.q_target(h)
+            bootstrap = (self.v_target(h) if self.phase == "offline" else q_target)[t["next"]]
+            y = td_targets(t["rewards"], bootstrap, t["dones"], hp.gamma)
+        q = self.q(h)
+        q_loss = (q - y).square().mean()
+        stats = {"q_loss": q_loss.detach(), "q_mean": q.detach().mean(), "td_target": y.mean()}
+        if self.phase == "offline":
+            v = self.v(h)
+            v_loss = expectile_loss(q_target - v, hp.kappa)
+            critic_loss = q_loss + v_loss
+            adv = (q - v).detach()
+            weights = policy_anchored_weights(adv, hp.lam, hp.beta, hp.weight_clip)
+            stats["v_loss"] = v_loss.detach()
+        else:
+            critic_loss = q_loss
+            adv = q_target - _episode_mean(q_target, t["episodes"])
+            weights = awac_weights(adv, hp.alpha, hp.weight_clip, t["episodes"])
+        critic_opt.zero_grad()
+        self.manual_backward(critic_loss)
+        critic_opt.step()
+        self._polyak()
+
+        actor_loss = -(weights * t["logp"]).mean()
+        if "ref_logprobs" in batch and self.phase == "online":
+            mask = batch["action_mask"]
+            kl = masked_mean(kl_estimate(t["token_logp"], batch["ref_logprobs"], hp.kl_estimator), mask)
+            actor_loss = actor_loss + self.kl_coef * kl
+            stats["kl"] = kl.detach()
+        self._batches += 1
+        if self._batches > hp.critic_warmup_steps:
+            actor_opt.zero_grad()
+            self.manual_backward(actor_loss)
+            self.clip_gradients(actor_opt, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+            actor_opt.step()
+        stats.update(actor_loss=actor_loss.detach(), adv_mean=adv.mean(), adv_abs=adv.abs().mean(),
+                     weight_max=weights.max(), logp=t["logp"].detach().mean())
+        self.log_dict({f"train/{k}": v for k, v in stats.items()}, batch_size=len(batch["meta"]))
+        self.log("train/loss", actor_loss.detach(), prog_bar=True, batch_size=len(batch["meta"]))
+        if self.phase == "online":
+            self.log("train/buffer_size", float(len(self.buffer)), on_step=False, on_epoch=True)
+
+    @torch.no_grad()
+    def _polyak(self) -> None:
+        tau = self.hparams.tau
+        for target, live in ((self.q_target, self.q), (self.v_target, self.v)):
+            for pt, p in zip(target.parameters(), live.parameters()):
+                pt.lerp_(p, tau)
+
+    def configure_optimizers(self) -> Any:
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the executor adapter has no trainable parameters")
+        actor = torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        critic = torch.optim.AdamW([*self.q.parameters(), *self.v.parameters()], lr=self.hparams.critic_lr)
+        return [actor, critic]
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["replay_buffer"] = [(r.input_ids, r.action_mask, r.role, r.meta) for r in self.buffer]
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        rows = checkpoint.get("replay_buffer", [])
+        self.buffer = [Row(ids, mask, [0.0] * len(ids), [0.0] * len(ids), role, meta) for ids, mask, role, meta in rows]
+
+
+def _episode_mean(values: Tensor, episodes: Tensor) -> Tensor:
+    """Each value's episode mean (episodes given by id)."""
+    _, index = torch.unique(episodes, return_inverse=True)
+    sums = torch.zeros(int(index.max()) + 1, dtype=values.dtype, device=values.device).index_add_(0, index, values)
+    counts = torch.bincount(index).to(values.dtype)
+    return (sums / counts)[index]

@@ -1,0 +1,154 @@
+"""``lit-agents multi2``: Multi2's stages in order on TextCraft, with held-out success after each.
+
+Stages (``configs/multi2/``): ``backbone`` (embedded default only: full SFT on both roles'
+demonstrations), ``system1_sft`` (planner adapter), ``system2_warmup`` (executor adapter by SFT),
+``system2_offline`` (offline actor-critic), ``system2_online`` (online AWAC with a KL anchor to
+the offline executor); baselines ``flat_sft`` (ReAct, the same demonstrations flat) and
+``flat_grpo`` (GRPO from it). Each stage's adapters go to ``<out>/<name>`` and the next stage
+loads them by path. Greedy held-out success (``val``: unseen instances of train goals; ``test``:
+unseen goal items) by crafting depth and generated tokens per episode are printed as a table
+and written to ``<out>/results.json``.
+
+    lit-agents multi2                                  # all stages, seed 0, runs/multi2
+    lit-agents multi2 --out runs/m2 --seed 1 --skip-baselines
+    lit-agents multi2 --short                          # a one-minute smoke test of every stage
+    lit-agents multi2 --set trainer.max_epochs=1 --set backbone:data.init_args.demos=400
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from lit_agents.pipelines.quickstart import _cli
+
+STAGES = ("system1_sft", "system2_warmup", "system2_offline", "system2_online")
+
+
+def evaluate(cli, split: str, tasks: int | None = None) -> dict[str, Any]:
+    """Greedy success on a held-out split, overall and by crafting depth, and generated tokens
+    per episode."""
+    dm, policy = cli.datamodule, cli.model.policy
+    held = dm.held_out_tasks(split)[:tasks]
+    rollouts = dm.agent.run(policy.eval(), dm.env, held, 1, greedy=True, seed=0)
+    policy.train()
+    by_depth: dict[int, list[float]] = defaultdict(list)
+    for task, rollout in zip(held, rollouts):
+        by_depth[int(task.meta.get("depth", 0))].append(float(rollout.success))
+    return {
+        "success": sum(r.success for r in rollouts) / max(len(rollouts), 1),
+        "by_depth": {d: sum(v) / len(v) for d, v in sorted(by_depth.items())},
+        "tokens_per_episode": sum(r.num_generated for r in rollouts) / max(len(rollouts), 1),
+        "tasks": len(rollouts),
+    }
+
+
+def _dict_arg(key: str, **paths: Path) -> str:
+    """A dict-valued policy argument as one override (``key={"role": "path"}``)."""
+    return f"model.init_args.policy.init_args.{key}=" + json.dumps({k: str(v) for k, v in paths.items()})
+
+
+SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.enable_progress_bar=false",
+         "data.init_args.val_tasks=2", "data.init_args.agent.init_args.max_new_tokens=12"]
+SHORT_DEMOS = ["data.init_args.demos=8"]
+SHORT_ROLLOUTS = ["data.init_args.tasks_per_epoch=2", "data.init_args.group_size=2",
+                  "data.init_args.agent.init_args.max_steps=4"]
+
+
+def _stage_overrides(config: Path, overrides: list[str], short: bool) -> list[str]:
+    """``--set`` values for this stage (``stage:key=value`` only for ``stage``), after the
+    short-mode sizes."""
+    text = config.read_text()
+    mine = [*SHORT, *(SHORT_ROLLOUTS if "RolloutDataModule" in text else SHORT_DEMOS)] if short else []
+    for item in overrides:
+        stage, sep, rest = item.partition(":")
+        if not sep or "=" in stage:
+            mine.append(item)
+        elif stage == config.stem:
+            mine.append(rest)
+    return mine
+
+
+def _fit(config_dir: Path, name: str, out: Path, seed: int, overrides: list[str], short: bool = False):
+    config = config_dir / f"{name}.yaml"
+    cli = _cli(config, out, name, seed, _stage_overrides(config, overrides, short))
+    started = time.perf_counter()
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return cli, time.perf_counter() - started
+
+
+def run(config_dir: Path, out: Path, seed: int, overrides: list[str], baselines: bool = True,
+        splits: tuple[str, ...] = ("val", "test"), short: bool = False) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    backbone, adapters, demos = out / "backbone_model", out / "adapters", out / "offline_demos.jsonl"
+    planner, warm, offline = adapters / "system1" / "planner", adapters / "warmup" / "executor", \
+        adapters / "offline" / "executor"
+
+    model = f"model.init_args.policy.init_args.model={backbone}"
+    stages: list[tuple[str, list[str], tuple[str, Path] | None]] = [
+        ("backbone", [], None),
+        ("system1_sft", [model], ("planner", planner.parent)),
+        ("system2_warmup", [model, _dict_arg("frozen_adapters", planner=planner)], ("executor", warm.parent)),
+        ("system2_offline", [model, _dict_arg("adapters", executor=warm), _dict_arg("frozen_adapters", planner=planner),
+                             f"data.init_args.path={demos}"], ("executor", offline.parent)),
+        ("system2_online", [model, _dict_arg("adapters", executor=offline),
+                            _dict_arg("frozen_adapters", planner=planner, executor_offline=offline),
+                            f"model.init_args.buffer_seed={demos}"], None),
+    ]
+    if baselines:
+        stages += [
+            ("flat_sft", [], None),
+            ("flat_grpo", [f"model.init_args.policy.init_args.model={out / 'flat_sft_model'}"], None),
+        ]
+    results: dict[str, Any] = {"seed": seed, "out": str(out), "stages": {}}
+    for name, extra, save in stages:
+        cli, seconds = _fit(config_dir, name, out, seed, [*extra, *overrides], short)
+        policy = cli.model.policy
+        if name in ("backbone", "flat_sft"):
+            policy.save_pretrained(backbone if name == "backbone" else out / "flat_sft_model")
+        if save is not None:
+            policy.save_role(*save)
+        tasks = cli.datamodule.val_tasks
+        results["stages"][name] = {"seconds": seconds, **{s: evaluate(cli, s, tasks) for s in splits}}
+        (out / "results.json").write_text(json.dumps(results, indent=2))
+        sys.stdout.write(f"[multi2] {name}: " + ", ".join(
+            f"{s} {results['stages'][name][s]['success'] * 100:.1f}%" for s in splits) + f" ({seconds:.0f}s)\n")
+    return results
+
+
+def table(results: dict[str, Any], split: str = "test") -> str:
+    stages = results["stages"]
+    depths = sorted({d for r in stages.values() for d in r[split]["by_depth"]}, key=int)
+    head = "| stage | success | " + " | ".join(f"depth {d}" for d in depths) + " | tokens/episode |"
+    lines = [f"Held-out success ({split}, greedy), seed {results['seed']}:", "", head,
+             "|" + "---|" * (3 + len(depths))]
+    for name, r in stages.items():
+        cells = [f"{r[split]['by_depth'].get(d, r[split]['by_depth'].get(str(d), 0.0)) * 100:.1f}%" for d in depths]
+        lines.append(f"| {name} | {r[split]['success'] * 100:.1f}% | " + " | ".join(cells)
+                     + f" | {r[split]['tokens_per_episode']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="lit-agents multi2", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config-dir", type=Path, default=Path("configs/multi2"))
+    parser.add_argument("--out", type=Path, default=Path("runs/multi2"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", action="append", default=[], metavar="[STAGE:]KEY=VALUE",
+                        help="override for every stage, or for one stage with a STAGE: prefix")
+    parser.add_argument("--short", action="store_true", help="tiny sizes everywhere: a smoke test in about a minute")
+    parser.add_argument("--skip-baselines", action="store_true", help="only the hierarchy's stages")
+    args = parser.parse_args(argv)
+    results = run(args.config_dir, args.out, args.seed, args.set, baselines=not args.skip_baselines, short=args.short)
+    for split in ("val", "test"):
+        sys.stdout.write("\n" + table(results, split) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()

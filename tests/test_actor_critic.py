@@ -1,0 +1,114 @@
+"""Multi2's System 2 actor-critic: what trains, what stays frozen, targets, KL at the start."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from lit_agents.agents import HierarchicalAgent
+from lit_agents.callbacks import KLAnchor
+from lit_agents.data import DemonstrationDataModule, RolloutDataModule
+from lit_agents.modules import System1SFT, System2ActorCritic
+from lit_agents.policy import AgentPolicy
+
+
+def _trainer(tmp_path, epochs=1, callbacks=(), **kw):
+    return Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, reload_dataloaders_every_n_epochs=1,
+                   num_sanity_val_steps=0, default_root_dir=tmp_path, callbacks=list(callbacks), **kw)
+
+
+def _agent(short=False):
+    if short:  # untrained live rollouts: keep them short
+        return HierarchicalAgent(max_new_tokens=12, plan_tokens=10, max_subgoals=3, max_subgoal_steps=3, max_steps=6)
+    return HierarchicalAgent(max_new_tokens=12, plan_tokens=10)
+
+
+def _params(policy, role):
+    return {n: p.detach().clone() for n, p in policy.named_parameters() if f".{role}." in n}
+
+
+def test_offline_trains_executor_only_and_heads(tiny_config, textcraft, tmp_path):
+    policy = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
+    module = System2ActorCritic(policy, phase="offline", lr=1e-2, critic_lr=1e-2, head_width=16)
+    data = DemonstrationDataModule(textcraft, _agent(), demos=6, noisy=0.5, epsilon=0.5, val_tasks=2,
+                                   max_tokens_per_batch=2048)
+    planner, executor = _params(policy, "planner"), _params(policy, "executor")
+    q_before = [p.clone() for p in module.q.parameters()]
+    _trainer(tmp_path).fit(module, datamodule=data)
+    assert all(torch.equal(p, dict(policy.named_parameters())[n]) for n, p in planner.items())
+    assert any(not torch.equal(p, dict(policy.named_parameters())[n]) for n, p in executor.items())
+    assert any(not torch.equal(a, b) for a, b in zip(q_before, module.q.parameters()))
+    assert data.rows and all(r.role == "executor" and len(r.meta["spans"]) == len(r.meta["rewards"]) for r in data.rows)
+    assert any(not r.meta["met"] for r in data.rows)  # the noisy half gives failures to learn from
+
+
+def test_targets_move_by_polyak_only(tiny_config):
+    module = System2ActorCritic(AgentPolicy(tiny=tiny_config, roles=["executor"], lora_r=4), tau=0.25, head_width=8)
+    target = [p.clone() for p in module.q_target.parameters()]
+    with torch.no_grad():
+        for p in module.q.parameters():
+            p.add_(1.0)
+    live = [p.clone() for p in module.q.parameters()]
+    module._polyak()
+    for t_old, q, t_new in zip(target, live, module.q_target.parameters()):
+        assert torch.allclose(t_new, 0.75 * t_old + 0.25 * q)
+    assert not any(p.requires_grad for p in module.q_target.parameters())
+
+
+def test_transitions_mark_each_rows_last_action_terminal(tiny_config, textcraft):
+    policy = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
+    agent = HierarchicalAgent()
+    module = System2ActorCritic(policy, head_width=8)
+    rollout = agent.expert_rollout(policy, textcraft, textcraft.tasks("train")[1])
+    rows = module.demonstration_rows([rollout])
+    from lit_agents.algorithms.collate import collate_rows
+
+    batch = collate_rows(rows, policy.pad_id, with_meta=True)
+    with torch.no_grad():
+        t = module._transitions(batch)
+    assert t["rewards"].tolist() == [0.0, 0.0, 1.0, 2.0]
+    assert t["dones"].tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert t["next"].tolist() == [1, 2, 2, 3] and t["episodes"].tolist() == [0, 0, 0, 1]
+    # h_t is the hidden state at the action's last token (its end-of-turn token)
+    end = rows[0].meta["spans"][0][1] - 1
+    assert batch["input_ids"][0, end].item() == policy.chat.end_id
+
+
+def test_online_kl_to_offline_executor_is_zero_at_first_step(tiny_config, textcraft, tmp_path):
+    first = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
+    folder = tmp_path / "adapters"
+    for role in ("planner", "executor"):
+        first.save_role(role, folder)
+    policy = AgentPolicy(tiny=tiny_config, roles=["scratch"], lora_r=4)
+    policy.load_role("planner", folder / "planner")
+    policy.load_role("executor", folder / "executor", trainable=True)
+    policy.load_role("executor_offline", folder / "executor")
+    from lit_agents.data.demos import write_episodes
+
+    seed = tmp_path / "offline.jsonl"
+    write_episodes([_agent().expert_episode(textcraft, t) for t in textcraft.tasks("train")[:3]], seed)
+    module = System2ActorCritic(policy, phase="online", lr=1e-2, head_width=8, rows_per_epoch=8,
+                                buffer_seed=str(seed), keep_failures=1.0)
+    seen = []
+
+    class Spy(KLAnchor):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append(float(trainer.callback_metrics["train/kl"]))
+
+    data = RolloutDataModule(textcraft, _agent(short=True), tasks_per_epoch=2, group_size=2, val_tasks=0)
+    planner = _params(policy, "planner")
+    _trainer(tmp_path, epochs=1, callbacks=[Spy(coef=0.1, reference="executor_offline")]).fit(module, datamodule=data)
+    assert seen and seen[0] == pytest.approx(0.0, abs=1e-6)
+    assert all(torch.equal(p, dict(policy.named_parameters())[n]) for n, p in planner.items())
+    assert all(r.role == "executor" for r in module.buffer)
+    seeded = [r for r in module.buffer if r.meta["task_id"].endswith("/0") and r.meta["met"]]
+    assert len(module.buffer) > len(seeded) >= 3  # the demos' successful subgoals, then the new episodes
+
+
+def test_planner_sft_trains_on_planner_sessions_only(tiny_config, textcraft, tmp_path):
+    policy = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
+    data = DemonstrationDataModule(textcraft, _agent(), demos=4, val_tasks=0)
+    _trainer(tmp_path).fit(System1SFT(policy, role="planner", lr=1e-2), datamodule=data)
+    assert data.rows and {r.role for r in data.rows} == {"planner"}

@@ -1,0 +1,24 @@
+"""`lit-agents multi2 --short`: every stage fits and hands its adapters to the next."""
+
+from __future__ import annotations
+
+import json
+
+from peft import PeftConfig
+
+from lit_agents.cli import main
+
+
+def test_multi2_pipeline_short(tmp_path, capsys):
+    out = tmp_path / "m2"
+    main(["multi2", "--short", "--out", str(out), "--config-dir", "configs/multi2"])
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["stages"]) == ["backbone", "system1_sft", "system2_warmup", "system2_offline",
+                                       "system2_online", "flat_sft", "flat_grpo"]
+    for stage in results["stages"].values():
+        assert set(stage) >= {"seconds", "val", "test"} and 0.0 <= stage["test"]["success"] <= 1.0
+    for role, folder in (("planner", "system1"), ("executor", "warmup"), ("executor", "offline")):
+        assert PeftConfig.from_pretrained(str(out / "adapters" / folder / role)).r == 32
+    assert (out / "offline_demos.jsonl").exists() and (out / "backbone_model" / "config.json").exists()
+    printed = capsys.readouterr().out
+    assert "| system2_online |" in printed and "depth 2" in printed
