@@ -8,7 +8,12 @@ import pytest
 
 from lit_agents.agents import ReActAgent
 from lit_agents.cli import main
-from lit_agents.data.demos import Episode, expert_episodes, read_episodes, write_episodes
+from lit_agents.data.demos import (
+    Episode,
+    expert_episodes,
+    read_episodes,
+    write_episodes,
+)
 from lit_agents.policy import AgentPolicy
 
 

@@ -16,7 +16,12 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from lit_agents.generation import GenerationEngine, KVContext, SamplingParams, sample_from_logits
+from lit_agents.generation import (
+    GenerationEngine,
+    KVContext,
+    SamplingParams,
+    sample_from_logits,
+)
 
 VOCAB = 97
 PAD = 0
