@@ -91,3 +91,61 @@ def test_input_validation() -> None:
         rloo_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0, 1]))
     with pytest.raises(ValueError, match="1-D"):
         grpo_advantages(torch.ones(2, 2), torch.zeros(2, 2, dtype=torch.long))
+
+
+# ---------------------------------------------------------------- Mosaic (hand-computed)
+
+
+def test_broadcast_is_grpo_per_rollout():
+    from lit_agents.algorithms.advantages import broadcast_advantages, grpo_advantages
+
+    r, g = torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0, 0, 1, 1])
+    assert torch.equal(broadcast_advantages(r, g), grpo_advantages(r, g))
+
+
+def test_session_aware_ranks_by_hand():
+    from lit_agents.algorithms.advantages import grpo_advantages, session_aware_advantages
+
+    # one group: successes with K = 1, 3, 3 and failures with K = 2, 5
+    r = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0])
+    k = torch.tensor([1, 3, 3, 2, 5])
+    g = torch.zeros(5, dtype=torch.long)
+    a = grpo_advantages(r, g).double()
+    # successes prefer fewer sessions: K=1 most preferred (rank 3), K=3 tied (ranks 1, 2 -> 1.5)
+    # u = 2 (rank - 1) / 2 - 1: K=1 -> 1; K=3 -> -0.5. Failures prefer more: K=5 -> 1, K=2 -> -1
+    u = torch.tensor([1.0, -0.5, -0.5, -1.0, 1.0], dtype=torch.float64)
+    expected = a + 0.5 * a.abs() * u
+    out = session_aware_advantages(r, k, g, alpha=0.5).double()
+    assert torch.allclose(out, expected, atol=1e-6)
+    assert torch.all(torch.sign(out) == torch.sign(a))  # the sign is always kept
+    assert out[3] < a[3] < 0  # the failure that gave up early (K=2) is penalised more
+    assert a[4] < out[4] < 0  # the failure that explored (K=5) less
+    assert out[0] > a[0] > out[1]  # the quickest success gets the most
+
+
+def test_session_aware_singletons_and_constant_groups():
+    from lit_agents.algorithms.advantages import grpo_advantages, session_aware_advantages
+
+    r = torch.tensor([1.0, 0.0, 1.0, 1.0])  # group 0: one success, one failure; group 1: all equal
+    k = torch.tensor([4, 1, 2, 7])
+    g = torch.tensor([0, 0, 1, 1])
+    out = session_aware_advantages(r, k, g)
+    assert torch.allclose(out[:2], grpo_advantages(r, g)[:2])  # classes of one: u = 0
+    assert out[2:].tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError):
+        session_aware_advantages(r, k, g, alpha=1.0)
+
+
+def test_session_shaping_by_hand():
+    from lit_agents.algorithms.advantages import SESSION_KINDS, session_shaping
+
+    main, comp, sub = SESSION_KINDS["main"], SESSION_KINDS["compaction"], SESSION_KINDS["subagent"]
+    gains = torch.tensor([0.2, 0.4, 0.9, 0.1, 0.3, 0.5, 0.5])
+    kinds = torch.tensor([main, main, comp, sub, sub, main, main])
+    groups = torch.tensor([0, 0, 0, 0, 0, 1, 1])
+    out = session_shaping(gains, kinds, groups)
+    # group 0 main: [0.2, 0.4], mean 0.3, sample std 0.14142 -> [-0.7071, 0.7071]
+    # group 0 compaction: one member -> 0; group 0 subagent: [0.1, 0.3] -> [-0.7071, 0.7071]
+    # group 1 main: equal gains -> 0
+    s = 0.1 / (0.1414213562 + 1e-6)
+    assert torch.allclose(out, torch.tensor([-s, s, 0.0, -s, s, 0.0, 0.0]), atol=1e-5)

@@ -9,6 +9,10 @@ Implemented:
 - ``grpo_advantages``: ``(R_i - mean_g) / (std_g + eps)`` (GRPO, DeepSeekMath arXiv 2402.03300).
 - ``rloo_advantages``: ``R_i - mean_{j != i} R_j`` (RLOO, Ahmadian et al. arXiv 2402.14740).
 - ``zero_signal_fraction`` / ``group_has_signal``: which groups carry no learning signal.
+- Mosaic (ALGORITHMS.md, "Mosaic"): ``broadcast_advantages`` (the Broadcasting baseline: GRPO per
+  rollout, copied to its sessions), ``session_aware_advantages`` (the outcome advantage scaled by
+  a within-class ranking of session counts) and ``session_shaping`` (per-session gains
+  standardized per group and session kind).
 
 Conventions shared by the whole file (and by the Mosaic and RAO estimators that build on it):
 
@@ -34,7 +38,14 @@ __all__ = [
     "rloo_advantages",
     "group_has_signal",
     "zero_signal_fraction",
+    "broadcast_advantages",
+    "session_aware_advantages",
+    "session_shaping",
+    "SESSION_KINDS",
 ]
+
+#: integer codes of session kinds for `session_shaping`
+SESSION_KINDS = {"main": 0, "compaction": 1, "subagent": 2}
 
 
 class GroupStats(NamedTuple):
@@ -175,3 +186,80 @@ def zero_signal_fraction(rewards: Tensor, group_ids: Tensor) -> float:
     per_group = torch.zeros(num_groups, dtype=torch.bool, device=rewards.device)
     per_group[index] = constant
     return per_group.double().mean().item()
+
+
+def broadcast_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """Broadcasting (Mosaic's baseline): the rollout's GRPO advantage, to be copied unchanged to
+    every session of the rollout. ``[N]`` rollouts -> ``[N]``."""
+    return grpo_advantages(rewards, group_ids)
+
+
+def _average_ranks(keys: Tensor) -> Tensor:
+    """1-based ranks of ``keys`` ascending, ties sharing their average rank (float64)."""
+    less = (keys[None, :] < keys[:, None]).sum(1).to(torch.float64)
+    equal = (keys[None, :] == keys[:, None]).sum(1).to(torch.float64)
+    return less + (equal + 1) / 2
+
+
+def session_aware_advantages(
+    rewards: Tensor, session_counts: Tensor, group_ids: Tensor, alpha: float = 0.5
+) -> Tensor:
+    """Mosaic's session-aware trajectory advantage ``A_i + alpha * |A_i| * u_i``.
+
+    ``A_i`` is the GRPO advantage. Inside each outcome class of a group (successes: ``A_i > 0``;
+    failures: ``A_i < 0``) each rollout gets a preference ``u_i`` in [-1, 1] from the ranks of its
+    session count ``K_i``: fewer sessions preferred among successes, more among failures; ranks
+    1..n from least to most preferred (ties share the average rank), ``u = 2 (rank - 1) / (n - 1)
+    - 1``, and ``u = 0`` in a class of one. With ``0 <= alpha < 1`` the sign of ``A_i`` never
+    changes; constant groups keep 0.
+
+    Args:
+        rewards: ``[N]`` outcome rewards.
+        session_counts: ``[N]`` sessions per rollout.
+        group_ids: ``[N]`` integer group ids.
+        alpha: strength of the ranking term, in [0, 1).
+
+    Returns:
+        ``[N]`` advantages.
+    """
+    if not 0.0 <= alpha < 1.0:
+        raise ValueError(f"alpha must be in [0, 1) so that no advantage changes sign, got {alpha}")
+    if session_counts.shape != rewards.shape:
+        raise ValueError(f"session_counts shape {tuple(session_counts.shape)} != rewards shape {tuple(rewards.shape)}")
+    adv = grpo_advantages(rewards, group_ids).to(torch.float64)
+    k = session_counts.detach().to(torch.float64)
+    u = torch.zeros_like(adv)
+    index, _ = _group_index(group_ids)
+    for sign in (1.0, -1.0):
+        for g in torch.unique(index):
+            members = ((index == g) & (torch.sign(adv) == sign)).nonzero().flatten()
+            n = members.numel()
+            if n < 2:
+                continue
+            preference = -k[members] if sign > 0 else k[members]  # ascending = more preferred
+            u[members] = 2 * (_average_ranks(preference) - 1) / (n - 1) - 1
+    return (adv + alpha * adv.abs() * u).to(_out_dtype(rewards))
+
+
+def session_shaping(gains: Tensor, kinds: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
+    """Mosaic's per-session shaping ``G = (g - mean) / (std + eps)`` within each (group, kind)
+    pool (sample std), 0 where a pool has fewer than 2 sessions or equal gains.
+
+    Args:
+        gains: ``[M]`` marginal gains of the sessions (e.g. progress after - before).
+        kinds: ``[M]`` integer session kinds (`SESSION_KINDS`).
+        group_ids: ``[M]`` the group of each session's rollout.
+        eps: added to the std.
+
+    Returns:
+        ``[M]`` shaping terms.
+    """
+    if kinds.shape != gains.shape:
+        raise ValueError(f"kinds shape {tuple(kinds.shape)} != gains shape {tuple(gains.shape)}")
+    _check_inputs(gains, group_ids)
+    group_index, _ = _group_index(group_ids)
+    pools = group_index * (int(kinds.max()) + 1 if kinds.numel() else 1) + kinds.long()
+    stats = group_stats(gains, pools)
+    shaped = (gains.detach().to(torch.float64) - stats.mean) / (stats.std + eps)
+    shaped = torch.where(stats.constant | (stats.size < 2), torch.zeros_like(shaped), shaped)
+    return shaped.to(_out_dtype(gains))
