@@ -57,3 +57,15 @@ def test_replay_equals_the_expert_rollout(tiny_config, textcraft):
     replayed = agent.replay(policy, textcraft, Episode.from_dict(json.loads(json.dumps(episode.to_dict()))), 3)
     assert replayed.to_dict() == direct.to_dict()
     assert replayed.sessions[0].calls[0].prompt_text == episode.observation
+
+
+def test_system_prompt_none_uses_the_env_instructions_and_empty_omits_it(tiny_config, textcraft):
+    policy = AgentPolicy(tiny=tiny_config)
+    task = textcraft.tasks("train")[0]
+    with_instructions = ReActAgent().expert_rollout(policy, textcraft, task)
+    without = ReActAgent(system_prompt="").expert_rollout(policy, textcraft, task)
+    first = policy.tokenizer.decode(with_instructions.sessions[0].calls[0].prompt_ids)
+    assert textcraft.instructions in first
+    assert textcraft.instructions not in policy.tokenizer.decode(without.sessions[0].calls[0].prompt_ids)
+    custom = ReActAgent(system_prompt="Be brief.").expert_rollout(policy, textcraft, task)
+    assert "Be brief." in policy.tokenizer.decode(custom.sessions[0].calls[0].prompt_ids)
