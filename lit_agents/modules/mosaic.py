@@ -1,0 +1,107 @@
+"""MosaicPolicy: multi-session RL with session-aware advantages (ALGORITHMS.md, "Mosaic").
+
+A rollout is several sessions (`main`, `compaction`, `subagent`). Each session's generated tokens
+get ``A_ik = A~_i + beta * G_ik``:
+
+- ``A~_i``, the trajectory term: with ``trajectory_term`` the session-aware advantage
+  (`advantages.session_aware_advantages`: the GRPO advantage scaled by a within-class ranking of
+  session counts, ``alpha``); without it the plain GRPO advantage, copied to every session.
+- ``G_ik``, the session term (with ``session_term``): the session's marginal gain
+  (``gain_fn(rollout, session)``; default: the env progress after minus before the session, from
+  ``session.meta["progress_before"/"progress_after"]``) standardized per group and session kind
+  (`advantages.session_shaping`).
+
+Broadcasting, the paper's baseline, is this module with both terms off. Loss, KL and the rest as
+`GRPOPolicy` (PPO-clip by default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from lit_agents.algorithms.advantages import (
+    SESSION_KINDS,
+    grpo_advantages,
+    session_aware_advantages,
+    session_shaping,
+)
+from lit_agents.algorithms.collate import Row, session_rows
+from lit_agents.modules.grpo import GRPOPolicy
+from lit_agents.policy import AgentPolicy
+from lit_agents.types import Rollout, Session
+
+GainFn = Callable[[Rollout, Session], float]
+
+
+def progress_gain(rollout: Rollout, session: Session) -> float:
+    """The env's progress after the session minus before it (0 when not recorded)."""
+    meta = session.meta
+    return float(meta.get("progress_after", 0.0)) - float(meta.get("progress_before", 0.0))
+
+
+class MosaicPolicy(GRPOPolicy):
+    """Mosaic over multi-session rollouts; Broadcasting with both terms off.
+
+    Args:
+        policy: the model.
+        trajectory_term: session-aware trajectory advantage (else GRPO broadcast to sessions).
+        session_term: add the per-session shaping term.
+        alpha: strength of the session-count ranking, in [0, 1).
+        beta: weight of the session shaping term.
+        gain_fn: ``(rollout, session) -> marginal gain`` (default `progress_gain`).
+        **kwargs: see `GRPOPolicy` (loss, clip ranges, KL estimator, lr, ...).
+    """
+
+    def __init__(
+        self,
+        policy: AgentPolicy,
+        trajectory_term: bool = True,
+        session_term: bool = True,
+        alpha: float = 0.5,
+        beta: float = 0.5,
+        gain_fn: GainFn = progress_gain,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(policy, **kwargs)
+        if not 0.0 <= alpha < 1.0:
+            raise ValueError(f"alpha must be in [0, 1), got {alpha}")
+        self.trajectory_term, self.session_term = trajectory_term, session_term
+        self.alpha, self.beta, self.gain_fn = alpha, beta, gain_fn
+
+    def session_advantages(self, rollouts: list[Rollout]) -> list[list[float]]:
+        """One advantage per session of each rollout."""
+        if not rollouts:
+            return []
+        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+        groups = torch.tensor([r.group_id for r in rollouts])
+        if self.trajectory_term:
+            counts = torch.tensor([len(r.sessions) for r in rollouts])
+            trajectory = session_aware_advantages(rewards, counts, groups, self.alpha)
+        else:
+            trajectory = grpo_advantages(rewards, groups)
+        out = [[a] * len(r.sessions) for r, a in zip(rollouts, trajectory.tolist())]
+        if self.session_term:
+            gains, kinds, session_groups = [], [], []
+            for r in rollouts:
+                for s in r.sessions:
+                    gains.append(self.gain_fn(r, s))
+                    kinds.append(SESSION_KINDS.get(s.kind, len(SESSION_KINDS)))
+                    session_groups.append(r.group_id)
+            shaped = session_shaping(torch.tensor(gains, dtype=torch.float32), torch.tensor(kinds),
+                                     torch.tensor(session_groups)).tolist()
+            at = 0
+            for advs in out:
+                for k in range(len(advs)):
+                    advs[k] += self.beta * shaped[at]
+                    at += 1
+        return out
+
+    def rollouts_to_rows(self, rollouts: list[Rollout]) -> list[Row]:
+        advantages = self.session_advantages(rollouts)
+        if self.hparams.drop_zero_signal:  # rollouts whose every session advantage is 0 teach nothing
+            kept = [(r, a) for r, a in zip(rollouts, advantages) if any(x != 0.0 for x in a)]
+            rollouts, advantages = [r for r, _ in kept], [a for _, a in kept]
+        return session_rows(rollouts, advantages, self.hparams.max_row_tokens)

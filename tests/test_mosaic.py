@@ -1,0 +1,66 @@
+"""MosaicPolicy's per-session advantages on hand-built multi-session rollouts."""
+
+from __future__ import annotations
+
+import pytest
+
+from lit_agents.modules import MosaicPolicy
+from lit_agents.policy import AgentPolicy
+from lit_agents.types import Call, Rollout, Session
+
+
+def _session(sid, kind, before, after, parent=None):
+    call = Call(prompt_ids=[1, 2, 3], completion_ids=[4, 5], logprobs=[-0.1, -0.2])
+    return Session(sid, kind, parent, 0 if parent is None else 1, [call],
+                   meta={"progress_before": before, "progress_after": after})
+
+
+def _rollouts():
+    # one group of three: a 1-session success, a 3-session success, a 2-session failure
+    a = Rollout("t", 0, [_session(0, "main", 0.0, 1.0)], reward=1.0, success=True)
+    b = Rollout("t", 0, [_session(0, "main", 0.0, 0.5), _session(1, "compaction", 0.5, 0.6),
+                         _session(2, "subagent", 0.6, 1.0, parent=1)], reward=1.0, success=True)
+    c = Rollout("t", 0, [_session(0, "main", 0.0, 0.2), _session(1, "compaction", 0.2, 0.2)], reward=0.0)
+    return [a, b, c]
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_config):
+    return AgentPolicy(tiny=tiny_config, lora_r=4)
+
+
+def test_broadcasting_copies_the_grpo_advantage(policy):
+    module = MosaicPolicy(policy, trajectory_term=False, session_term=False)
+    advs = module.session_advantages(_rollouts())
+    # rewards [1, 1, 0]: mean 2/3, sample std 0.57735 -> [0.57735, 0.57735, -1.1547]
+    assert [len(a) for a in advs] == [1, 3, 2]
+    assert advs[1] == pytest.approx([0.57735] * 3, abs=1e-4) and advs[2] == pytest.approx([-1.1547] * 2, abs=1e-4)
+
+
+def test_trajectory_term_prefers_the_shorter_success(policy):
+    module = MosaicPolicy(policy, trajectory_term=True, session_term=False, alpha=0.5)
+    advs = module.session_advantages(_rollouts())
+    assert advs[0][0] == pytest.approx(0.57735 * 1.5, abs=1e-4)  # K=1: u = +1
+    assert advs[1][0] == pytest.approx(0.57735 * 0.5, abs=1e-4)  # K=3: u = -1
+    assert advs[2][0] == pytest.approx(-1.1547, abs=1e-4)  # a class of one: unchanged
+
+
+def test_session_term_standardizes_gains_per_kind(policy):
+    module = MosaicPolicy(policy, trajectory_term=False, session_term=True, beta=0.5)
+    advs = module.session_advantages(_rollouts())
+    # main gains [1.0, 0.5, 0.2]: mean 0.5667, std 0.4041 -> G = [1.0724, -0.1650, -0.9074]
+    assert advs[0][0] == pytest.approx(0.57735 + 0.5 * 1.0724, abs=1e-3)
+    assert advs[2][0] == pytest.approx(-1.1547 - 0.5 * 0.9074, abs=1e-3)
+    # compaction gains [0.1, 0.0] -> G = [+0.7071, -0.7071]; the lone subagent -> 0
+    assert advs[1][1] == pytest.approx(0.57735 + 0.5 * 0.7071, abs=1e-3)
+    assert advs[1][2] == pytest.approx(0.57735, abs=1e-4)
+
+
+def test_rows_carry_each_sessions_advantage(policy):
+    module = MosaicPolicy(policy)
+    rows = module.rollouts_to_rows(_rollouts())
+    assert len(rows) == 6
+    advs = [a for r in module.session_advantages(_rollouts()) for a in r]
+    for row, adv in zip(rows, advs):
+        assert {round(a, 6) for a, m in zip(row.advantages, row.action_mask) if m} == {round(adv, 6)}
+        assert not any(row.action_mask[:3])  # observations (e.g. a subagent's returned answer) are masked
