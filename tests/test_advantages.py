@@ -104,7 +104,10 @@ def test_broadcast_is_grpo_per_rollout():
 
 
 def test_session_aware_ranks_by_hand():
-    from lit_agents.algorithms.advantages import grpo_advantages, session_aware_advantages
+    from lit_agents.algorithms.advantages import (
+        grpo_advantages,
+        session_aware_advantages,
+    )
 
     # one group: successes with K = 1, 3, 3 and failures with K = 2, 5
     r = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0])
@@ -124,7 +127,10 @@ def test_session_aware_ranks_by_hand():
 
 
 def test_session_aware_singletons_and_constant_groups():
-    from lit_agents.algorithms.advantages import grpo_advantages, session_aware_advantages
+    from lit_agents.algorithms.advantages import (
+        grpo_advantages,
+        session_aware_advantages,
+    )
 
     r = torch.tensor([1.0, 0.0, 1.0, 1.0])  # group 0: one success, one failure; group 1: all equal
     k = torch.tensor([4, 1, 2, 7])
