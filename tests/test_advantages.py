@@ -155,3 +155,41 @@ def test_session_shaping_by_hand():
     # group 1 main: equal gains -> 0
     s = 0.1 / (0.1414213562 + 1e-6)
     assert torch.allclose(out, torch.tensor([-s, s, 0.0, -s, s, 0.0, 0.0]), atol=1e-5)
+
+
+# ---------------------------------------------------------------- RAO (hand-computed)
+
+
+def test_rao_node_rewards_by_hand_and_no_compounding():
+    from lit_agents.algorithms.advantages import rao_node_rewards
+
+    # tree: 0 -> {1, 2}, 1 -> {3}; successes 1, 0, 1, 1
+    success = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    parent = torch.tensor([-1, 0, 0, 1])
+    r = rao_node_rewards(success, parent, lam=0.4)
+    # root: 1 + 0.4 * mean(0, 1) = 1.2; node 1: 0 + 0.4 * 1 = 0.4; leaves: own success
+    assert torch.allclose(r, torch.tensor([1.2, 0.4, 1.0, 1.0]))
+    # the root's bonus uses node 1's own success (0), not its reward (0.4): no compounding
+    assert rao_node_rewards(success, parent, lam=0.4, propagate_root=True).tolist() == [1.0, 1.0, 1.0, 1.0]
+    with pytest.raises(ValueError):
+        rao_node_rewards(success, torch.tensor([-1, 1, 0, 1]))  # a node cannot be its own parent
+
+
+def test_loo_baseline_by_hand():
+    from lit_agents.algorithms.advantages import loo_baseline
+
+    roots = torch.tensor([1.2, 0.0, 1.0, 0.5])
+    groups = torch.tensor([0, 0, 0, 1])
+    # group 0: (2.2 - R_i) / 2 -> [0.5, 1.1, 0.6]; group of one: its own reward
+    assert torch.allclose(loo_baseline(roots, groups), torch.tensor([0.5, 1.1, 0.6, 0.5]))
+
+
+def test_depth_weights_by_hand():
+    from lit_agents.algorithms.advantages import depth_weights
+
+    depth = torch.tensor([0, 1, 1, 2])
+    rows = torch.tensor([2, 1, 1, 1])
+    # N = [1, 2, 1], M = [2, 2, 1]; Z = 5 / (2/1 + 2/2 + 1/1) = 1.25; w_d = Z / N_d = [1.25, 0.625, 1.25]
+    w = depth_weights(depth, rows)
+    assert torch.allclose(w, torch.tensor([1.25, 0.625, 0.625, 1.25]))
+    assert (w * rows).sum().item() / rows.sum().item() == pytest.approx(1.0)

@@ -13,6 +13,9 @@ Implemented:
   rollout, copied to its sessions), ``session_aware_advantages`` (the outcome advantage scaled by
   a within-class ranking of session counts) and ``session_shaping`` (per-session gains
   standardized per group and session kind).
+- RAO (ALGORITHMS.md, "RAO"): ``rao_node_rewards`` (own success plus a delegation bonus from the
+  children's own success), ``loo_baseline`` (leave-one-out over the group's root rewards) and
+  ``depth_weights`` (inverse node frequency per depth, mean 1 over training rows).
 
 Conventions shared by the whole file (and by the Mosaic and RAO estimators that build on it):
 
@@ -42,6 +45,9 @@ __all__ = [
     "session_aware_advantages",
     "session_shaping",
     "SESSION_KINDS",
+    "rao_node_rewards",
+    "loo_baseline",
+    "depth_weights",
 ]
 
 #: integer codes of session kinds for `session_shaping`
@@ -263,3 +269,70 @@ def session_shaping(gains: Tensor, kinds: Tensor, group_ids: Tensor, eps: float 
     shaped = (gains.detach().to(torch.float64) - stats.mean) / (stats.std + eps)
     shaped = torch.where(stats.constant | (stats.size < 2), torch.zeros_like(shaped), shaped)
     return shaped.to(_out_dtype(gains))
+
+
+def _roots(parent: Tensor) -> Tensor:
+    """The root index of every node of a forest given parent indices (-1 at roots)."""
+    root = parent.clone()
+    node = torch.arange(parent.numel(), device=parent.device)
+    root = torch.where(parent < 0, node, parent)
+    for _ in range(parent.numel()):
+        up = parent[root]
+        if bool((up < 0).all()):
+            break
+        root = torch.where(up < 0, root, up)
+    return root
+
+
+def rao_node_rewards(success: Tensor, parent: Tensor, lam: float = 0.4, propagate_root: bool = False) -> Tensor:
+    """RAO node rewards ``R(X) = s(X) + lam * mean_{c in children(X)} s(c)`` (no bonus without
+    children). The bonus reads the children's own success ``s``, never their rewards, so bonuses
+    do not compound up the tree. ``propagate_root``: every node gets its root's success instead.
+
+    Args:
+        success: ``[M]`` each node's own verified success (0/1 or a score).
+        parent: ``[M]`` index of each node's parent in the same tensors, -1 at a root.
+        lam: delegation bonus weight.
+        propagate_root: replace every reward by the root's success.
+
+    Returns:
+        ``[M]`` node rewards.
+    """
+    if success.shape != parent.shape or success.dim() != 1:
+        raise ValueError(f"success and parent must be 1-D of one shape, got {tuple(success.shape)}, {tuple(parent.shape)}")
+    s = success.detach().to(torch.float64)
+    parent = parent.long()
+    if bool((parent >= parent.numel()).any()) or bool((parent == torch.arange(parent.numel())).any()):
+        raise ValueError("parent indices must point at other nodes of the batch (or be -1)")
+    if propagate_root:
+        return s[_roots(parent)].to(_out_dtype(success))
+    has_parent = parent >= 0
+    sums = s.new_zeros(s.numel()).index_add(0, parent[has_parent], s[has_parent])
+    counts = s.new_zeros(s.numel()).index_add(0, parent[has_parent], torch.ones_like(s[has_parent]))
+    bonus = torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(s))
+    return (s + lam * bonus).to(_out_dtype(success))
+
+
+def loo_baseline(root_rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """Leave-one-out baseline per tree: the mean root reward of the *other* trees of the group,
+    ``b_i = (sum_j R_j - R_i) / (G - 1)``; a group of one gets its own reward (advantage 0)."""
+    stats = group_stats(root_rewards, group_ids)
+    r = root_rewards.detach().to(torch.float64)
+    base = torch.where(stats.size > 1, (stats.total - r) / (stats.size - 1).clamp(min=1), r)
+    return base.to(_out_dtype(root_rewards))
+
+
+def depth_weights(node_depth: Tensor, rows_per_node: Tensor) -> Tensor:
+    """RAO's inverse-frequency depth weights ``w_d = Z / N_d`` per node, with ``N_d`` the nodes at
+    depth d, ``M_d`` the training rows at depth d and ``Z = sum_d M_d / sum_d (M_d / N_d)``, so the
+    mean weight over training rows is 1."""
+    if node_depth.shape != rows_per_node.shape or node_depth.dim() != 1:
+        raise ValueError("node_depth and rows_per_node must be 1-D of one shape")
+    depth = node_depth.long()
+    rows = rows_per_node.detach().to(torch.float64)
+    size = int(depth.max()) + 1 if depth.numel() else 0
+    nodes_d = torch.zeros(size, dtype=torch.float64).index_add(0, depth, torch.ones_like(rows))
+    rows_d = torch.zeros(size, dtype=torch.float64).index_add(0, depth, rows)
+    present = nodes_d > 0
+    z = rows_d[present].sum() / (rows_d[present] / nodes_d[present]).sum().clamp(min=1e-12)
+    return (z / nodes_d.clamp(min=1))[depth].to(torch.float32)
