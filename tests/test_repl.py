@@ -1,0 +1,108 @@
+"""The sandboxed REPL: state persists, tools cross the boundary, and hostile code is contained
+with the trainer (this process) still running."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from lit_agents.envs.repl import PythonREPL
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox relies on Linux rlimits")
+
+
+@pytest.fixture(scope="module")
+def repl():
+    with PythonREPL(tools=["craft"], async_tools=["launch_subagent"], timeout_s=2.0, cpu_s=30, memory_mb=512,
+                    max_output_chars=1000) as r:
+        yield r
+
+
+def test_namespace_persists_and_output_is_captured(repl):
+    assert repl.run("x = 6 * 7\nprint('hello')").observation() == "hello"
+    assert repl.run("print(x)").observation() == "42"
+    assert repl.run("1/0").error.rstrip().endswith("ZeroDivisionError: division by zero")
+
+
+def test_tool_calls_cross_the_boundary(repl):
+    seen = []
+
+    def handler(name, args, kwargs):
+        seen.append((name, args, kwargs))
+        if args == ["bad"]:
+            raise ValueError("unknown item bad")
+        return {"crafted": args[0], "n": kwargs.get("n", 1)}
+
+    result = repl.run("print(craft('plank', n=4))\ntry:\n    craft('bad')\nexcept ToolError as e:\n    print('error:', e)", handler)
+    assert seen == [("craft", ["plank"], {"n": 4}), ("craft", ["bad"], {})]
+    assert result.observation() == "{'crafted': 'plank', 'n': 4}\nerror: ValueError: unknown item bad"
+
+
+def test_concurrent_subagents_come_back_together(repl):
+    repl.submit("rs = await asyncio.gather(*(launch_subagent(f'goal {i}') for i in range(3)))\nprint(rs)")
+    calls = repl.poll()
+    assert sorted(c.args[0] for c in calls) == ["goal 0", "goal 1", "goal 2"] and all(c.is_async for c in calls)
+    for c in reversed(calls):  # answered in any order
+        repl.respond(c.call_id, value=c.args[0].upper())
+    assert repl.poll().observation() == "['GOAL 0', 'GOAL 1', 'GOAL 2']"
+
+
+def test_a_subagent_flood_past_the_depth_limit_gets_errors_not_a_crash(repl):
+    def handler(name, args, kwargs):
+        raise RuntimeError("depth limit 6 reached: launch_subagent refused")
+
+    code = "out = []\nfor i in range(200):\n    try:\n        await launch_subagent('x')\n    except ToolError as e:\n        out.append(str(e))\nprint(len(out), out[0])"
+    assert repl.run(code, handler).observation() == "200 RuntimeError: depth limit 6 reached: launch_subagent refused"
+
+
+HOSTILE = {
+    "infinite loop": ("while True:\n    pass", "TimeoutError"),
+    "fork bomb": ("import os\nwhile True:\n    os.fork()", "os.fork is not allowed"),
+    "multiprocessing": ("import multiprocessing", "not allowed"),
+    "subprocess": ("import subprocess\nsubprocess.run(['ls', '/'])", "subprocess.Popen is not allowed"),
+    "shell": ("import os\nos.system('touch /tmp/pwned')", "os.system is not allowed"),
+    "memory bomb": ("x = bytearray(4 * 1024 ** 3)", "MemoryError"),
+    "huge output": ("print('y' * 10 ** 7)", "[output truncated]"),
+    "write outside": ("open('/tmp/lit_agents_pwned.txt', 'w').write('x')", "is not allowed"),
+    "read trainer files": (f"print(open({os.path.abspath(__file__)!r}).read())", "is not allowed"),
+    "list trainer dir": (f"import os\nprint(os.listdir({os.getcwd()!r}))", "is not allowed"),
+    "trainer environment": (f"print(open('/proc/{os.getpid()}/environ').read())", "is not allowed"),
+    "socket": ("import socket\nsocket.create_connection(('127.0.0.1', 22))", "is not allowed"),
+    "kill parent": ("import os\nos.kill(os.getppid(), 9)", "os.kill is not allowed"),
+    "kill group": ("import os\nos.killpg(0, 9)", "os.killpg is not allowed"),
+    "ctypes crash": ("import ctypes\nctypes.string_at(0)", "importing ctypes is not allowed"),
+    "raise limits": ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))", "not allowed"),
+    "recursion bomb": ("def f(n):\n    return f(n + 1)\nf(0)", "RecursionError"),
+    "exit": ("exit()", "NameError"),
+    "close the pipe": ("import sys\nsys.stdin.close()\nprint('closed a dummy')", "closed a dummy"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE), ids=list(HOSTILE))
+def test_hostile_code_is_contained(repl, case):
+    code, expected = HOSTILE[case]
+    result = repl.run(code)
+    assert expected in result.observation(), result.observation()
+    assert repl.run("print('alive')").observation() == "alive"  # the REPL answers again
+    assert not os.path.exists("/tmp/pwned") and not os.path.exists("/tmp/lit_agents_pwned.txt")
+
+
+def test_a_crash_restarts_the_worker_and_says_so():
+    with PythonREPL(timeout_s=5.0) as r:
+        r.run("x = 1")
+        result = r.run("import sys\nsys.setrecursionlimit(10 ** 7)\ndef f(n):\n    return f(n + 1)\nf(0)")
+        assert "not allowed" in result.observation() or result.restarted
+        dead = r.run("import os\nos.abort()")
+        assert dead.restarted and "restarted" in dead.observation()
+        assert "NameError" in r.run("print(x)").observation()  # a fresh namespace
+
+
+def test_close_removes_the_work_directory():
+    r = PythonREPL()
+    r.run("open('f.txt', 'w').write('hi')")
+    folder = r.workdir
+    assert os.path.exists(os.path.join(folder, "f.txt"))
+    r.close()
+    assert not os.path.exists(folder)
