@@ -106,3 +106,14 @@ def test_close_removes_the_work_directory():
     assert os.path.exists(os.path.join(folder, "f.txt"))
     r.close()
     assert not os.path.exists(folder)
+
+
+def test_time_waiting_for_tools_does_not_count():
+    import time
+
+    with PythonREPL(async_tools=["launch_subagent"], timeout_s=1.0) as r:
+        r.submit("print(await launch_subagent('slow child'))")
+        (call,) = r.poll()
+        time.sleep(1.5)  # the driver plays the child for longer than the code's own limit
+        r.respond(call.call_id, value="child done")
+        assert r.poll().observation() == "child done"

@@ -108,6 +108,7 @@ class PythonREPL:
         self._proc: subprocess.Popen | None = None
         self._buffer = b""
         self._deadline = 0.0
+        self._paused_at: float | None = None
         self._pending: dict[int, ToolCall] = {}
         self._calls: list[ToolCall] = []
         self._start()
@@ -177,7 +178,7 @@ class PythonREPL:
         """Start executing ``code`` (then `poll`)."""
         if self._proc is None:
             self._start()
-        self._pending, self._calls = {}, []
+        self._pending, self._calls, self._paused_at = {}, [], None
         self._deadline = time.monotonic() + self.timeout_s
         self._write({"op": "exec", "code": code})  # a dead worker shows up in `poll`
 
@@ -191,12 +192,14 @@ class PythonREPL:
         """
         while True:
             if any(not c.is_async for c in self._pending.values()):
+                self._paused_at = time.monotonic()
                 return list(self._pending.values())
             until = self._deadline if not self._pending else min(self._deadline, time.monotonic() + self.grace_s)
             message = self._read(until)
             if message is None:
                 alive = self._proc is not None and self._proc.poll() is None
                 if self._pending and alive and time.monotonic() < self._deadline:
+                    self._paused_at = time.monotonic()
                     return list(self._pending.values())
                 return self._broken()
             if message["op"] == "call":
@@ -204,13 +207,18 @@ class PythonREPL:
                 self._pending[call.call_id] = call
                 self._calls.append(call)
             elif message["op"] == "waiting" and self._pending:
+                self._paused_at = time.monotonic()
                 return list(self._pending.values())
             elif message["op"] == "done":
                 return ReplResult(message["output"], message["error"], message["truncated"], list(self._calls))
 
     def respond(self, call_id: int, value: Any = None, error: str | None = None) -> None:
-        """Answer a tool call (``error``: raised in the code as ``ToolError``)."""
+        """Answer a tool call (``error``: raised in the code as ``ToolError``). The time the code
+        waited for its calls does not count against ``timeout_s``."""
         self._pending.pop(call_id, None)
+        if self._paused_at is not None and not self._pending:
+            self._deadline += time.monotonic() - self._paused_at
+            self._paused_at = None
         message = {"op": "result", "id": call_id}
         message.update({"error": error} if error is not None else {"value": value})
         self._write(message)
