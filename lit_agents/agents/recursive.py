@@ -1,0 +1,261 @@
+"""RAO's recursive loop: one shared policy at every node of an execution tree it grows itself.
+
+Each node writes Python that runs in its own sandboxed REPL (`lit_agents.envs.repl`) holding the
+environment's functions for the node's state (``env.functions(state)``) plus
+``await launch_subagent(goal)``: a child node of the same policy on ``goal`` (fresh context,
+depth + 1, the env state forked with ``env.fork(state, goal)`` so children share the parent's
+inventory), whose final answer is returned to the parent's code. Children started together
+(``asyncio.gather``) run concurrently; every node waiting for the model, in every tree, is
+batched into one engine call per step. A node ends when its state is done (``finish()``) or
+after ``max_steps`` turns; a child's turns do not count against its parent. Limits on depth and
+on nodes per tree refuse further ``launch_subagent`` calls with an error the code can catch.
+
+Every node is one session of the rollout (``main`` at the root, ``subagent`` below) with
+``parent`` and ``depth``; ``meta`` holds its goal, its own verified success (``success``), steps
+and answer. With ``recursive=False`` there is no ``launch_subagent``: the linear baseline.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lit_agents.agents.base import Agent
+from lit_agents.envs.base import Task, TextEnv
+from lit_agents.envs.repl import PythonREPL, ReplResult, ToolCall
+from lit_agents.generation import GenerationEngine, SamplingParams
+from lit_agents.policy import AgentPolicy
+from lit_agents.types import Call, Rollout, Session
+
+LAUNCH_DOC = (
+    "await launch_subagent(goal) -> str runs a subagent (this same model, a fresh context) on a "
+    "sub-goal in the goal language, sharing your inventory, and returns its final answer; start "
+    "several at once with asyncio.gather. "
+)
+_FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+
+
+@dataclass
+class _Node:
+    tree: int
+    goal: str
+    state: Any
+    depth: int
+    session: Session
+    repl: PythonREPL
+    functions: dict[str, Any]
+    parent: _Node | None = None
+    parent_call: int | None = None
+    pending: list[int] = field(default_factory=list)
+    pending_text: str = ""
+    pending_end: bool = False
+    context: Any = None
+    steps: int = 0
+    done: bool = False
+    answer: str = ""
+    waiting: dict[int, _Node] = field(default_factory=dict)
+    answers: dict[int, str] = field(default_factory=dict)
+
+
+class RecursiveAgent(Agent):
+    """Code-writing agents that delegate to subagents of themselves (RAO).
+
+    Args:
+        max_new_tokens: longest code block per turn (tokens).
+        temperature: sampling temperature of training rollouts.
+        top_p: nucleus sampling.
+        max_depth: deepest node (the root is depth 0); deeper launches are refused.
+        max_steps: model turns per node (a child's turns are its own).
+        max_nodes: nodes per tree; further launches are refused.
+        recursive: offer ``launch_subagent`` (False: the linear baseline).
+        repl_timeout_s: wall-clock limit of one code block (time waiting for tools excluded).
+        repl_memory_mb: address-space limit of each node's REPL process.
+        system_prompt: the system message; ``None`` = the env's function instructions (+ the
+            subagent tool), ``""`` = none.
+        show_progress: a progress bar over decode steps.
+    """
+
+    def __init__(
+        self,
+        max_new_tokens: int = 192,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_depth: int = 6,
+        max_steps: int = 25,
+        max_nodes: int = 16,
+        recursive: bool = True,
+        repl_timeout_s: float = 10.0,
+        repl_memory_mb: int = 1024,
+        system_prompt: str | None = None,
+        show_progress: bool = False,
+    ) -> None:
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.max_depth, self.max_steps, self.max_nodes = max_depth, max_steps, max_nodes
+        self.recursive = recursive
+        self.repl_timeout_s, self.repl_memory_mb = repl_timeout_s, repl_memory_mb
+        self.system_prompt, self.show_progress = system_prompt, show_progress
+
+    # ------------------------------------------------------------------ text (override)
+    def system_text(self, env: TextEnv) -> str:
+        if self.system_prompt is not None:
+            return self.system_prompt
+        return getattr(env, "function_instructions", env.instructions) + (" " + LAUNCH_DOC if self.recursive else "")
+
+    @staticmethod
+    def extract_code(completion: str) -> str:
+        """The code of a completion: its fenced block(s) if any, else the whole text."""
+        blocks = _FENCE.findall(completion)
+        return "\n".join(blocks) if blocks else completion
+
+    # ------------------------------------------------------------------ rollouts
+    def run(
+        self,
+        policy: AgentPolicy,
+        env: TextEnv,
+        tasks: list[Task],
+        group_size: int = 1,
+        *,
+        greedy: bool = False,
+        seed: int = 0,
+        group_offset: int = 0,
+        policy_version: int = 0,
+    ) -> list[Rollout]:
+        """Grow ``group_size`` trees per task; one rollout per tree, its nodes as sessions."""
+        for needed in ("functions", "fork", "intro"):
+            if not hasattr(env, needed):
+                raise TypeError(f"RecursiveAgent needs an env with `{needed}` (e.g. TextCraftSynth), not {type(env).__name__}")
+        trees: list[list[_Node]] = []
+        meta: list[tuple[Task, int]] = []
+        for i, task in enumerate(tasks):
+            for _ in range(group_size):
+                state, _ = env.reset(task)
+                trees.append([])
+                meta.append((task, group_offset + i))
+                self._new_node(policy, env, trees, len(trees) - 1, task.goal, state, 0, None, None)
+        params = SamplingParams(
+            temperature=0.0 if greedy else self.temperature, top_p=1.0 if greedy else self.top_p,
+            max_new_tokens=self.max_new_tokens, stop_token_ids=policy.chat.stop_ids,
+        )
+        device = next(policy.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(seed)
+        engine = GenerationEngine(policy.model, pad_token_id=policy.pad_id, tokenizer=policy.tokenizer,
+                                  show_progress=self.show_progress)
+        try:
+            while ready := [n for tree in trees for n in tree if not n.done and not n.waiting]:
+                texts = self.complete(policy, engine, ready, params, generator, policy_version)
+                for node, text in zip(ready, texts):
+                    node.steps += 1
+                    node.repl.submit(self.extract_code(text))
+                    self._drive(policy, env, trees, node)
+        finally:
+            for tree in trees:
+                for node in tree:
+                    node.repl.close()
+        return [self._rollout(tree, task, group) for tree, (task, group) in zip(trees, meta)]
+
+    def complete(self, policy, engine, nodes: list[_Node], params, generator, version: int) -> list[str]:
+        """One batched model call for ``nodes``; records each call in its node's session."""
+        outs = engine.generate([n.context for n in nodes], [n.pending for n in nodes], params, generator)
+        texts = []
+        for node, out in zip(nodes, outs):
+            text = policy.chat.decode_completion(out.token_ids)
+            node.session.calls.append(Call(node.pending, list(out.token_ids), list(out.logprobs),
+                                           policy.active_role or "default", version, node.pending_text, text))
+            node.context = out.context
+            node.pending_end = out.finish_reason == "length"
+            texts.append(text)
+        return texts
+
+    def _new_node(self, policy, env, trees, tree: int, goal: str, state, depth: int, parent, call_id) -> _Node:
+        functions = env.functions(state)
+        async_tools = ["launch_subagent"] if self.recursive else []
+        repl = PythonREPL(tools=list(functions), async_tools=async_tools, timeout_s=self.repl_timeout_s,
+                          memory_mb=self.repl_memory_mb)
+        kind = "main" if parent is None else "subagent"
+        session = Session(len(trees[tree]), kind, None if parent is None else parent.session.session_id, depth,
+                          meta={"goal": goal, "success": False})
+        node = _Node(tree, goal, state, depth, session, repl, functions, parent, call_id)
+        node.pending_text = env.intro(state)
+        node.pending = policy.chat.start(self.system_text(env), node.pending_text)
+        trees[tree].append(node)
+        return node
+
+    def _drive(self, policy, env, trees, node: _Node) -> None:
+        """Run the node's code until it needs children, or ends; then prepare its next turn."""
+        while True:
+            step = node.repl.poll()
+            if isinstance(step, ReplResult):
+                self._after_code(policy, env, trees, node, step)
+                return
+            for call in step:
+                if call.call_id in node.waiting:
+                    continue
+                if call.is_async:
+                    self._launch(policy, env, trees, node, call)
+                else:
+                    node.repl.respond(call.call_id, **self._call_tool(node, call))
+            if node.waiting:
+                return  # blocked on children: resumed when they finish
+
+    @staticmethod
+    def _call_tool(node: _Node, call: ToolCall) -> dict[str, Any]:
+        fn = node.functions.get(call.name)
+        if fn is None:
+            return {"error": f"NameError: no tool {call.name!r}"}
+        try:
+            return {"value": fn(*call.args, **call.kwargs)}
+        except Exception as err:  # the env's error goes to the code
+            return {"error": f"{type(err).__name__}: {err}"}
+
+    def _launch(self, policy, env, trees, node: _Node, call: ToolCall) -> None:
+        goal = str(call.args[0]) if call.args else str(call.kwargs.get("goal", ""))
+        if node.depth + 1 > self.max_depth:
+            node.repl.respond(call.call_id, error=f"depth limit {self.max_depth} reached: launch_subagent refused")
+            return
+        if len(trees[node.tree]) >= self.max_nodes:
+            node.repl.respond(call.call_id, error=f"node limit {self.max_nodes} reached: launch_subagent refused")
+            return
+        try:
+            state = env.fork(node.state, goal)
+        except Exception as err:
+            node.repl.respond(call.call_id, error=f"{type(err).__name__}: {err}")
+            return
+        child = self._new_node(policy, env, trees, node.tree, goal, state, node.depth + 1, node, call.call_id)
+        node.waiting[call.call_id] = child
+
+    def _after_code(self, policy, env, trees, node: _Node, result: ReplResult) -> None:
+        observation = result.observation()
+        finished = bool(getattr(node.state, "done", False))
+        if finished or node.steps >= self.max_steps:
+            node.done = True
+            node.session.meta.update(success=bool(getattr(node.state, "success", False)), steps=node.steps)
+            node.answer = observation if finished else f"stopped after {node.steps} turns without finishing"
+            node.session.meta["answer"] = node.answer
+            node.repl.close()
+            parent = node.parent
+            if parent is not None:
+                parent.waiting.pop(node.parent_call, None)
+                parent.repl.respond(node.parent_call, value=node.answer)
+                if not parent.waiting:
+                    self._drive(policy, env, trees, parent)
+            return
+        node.pending_text = observation
+        node.pending = ([policy.chat.end_id] if node.pending_end else []) + policy.chat.next(observation)
+
+    @staticmethod
+    def _rollout(tree: list[_Node], task: Task, group: int) -> Rollout:
+        root = tree[0]
+        success = bool(root.session.meta.get("success"))
+        return Rollout(task.task_id, group, [n.session for n in tree], float(success), success,
+                       {"steps": sum(n.steps for n in tree), "nodes": len(tree),
+                        "depth": max(n.depth for n in tree), "reason": "finished" if root.state.done else "max_steps"})
+
+    # ------------------------------------------------------------------ demonstrations
+    def replay(self, policy: AgentPolicy, env: TextEnv, episode, group_id: int = 0) -> Rollout:
+        raise NotImplementedError("recursive demonstrations are not recorded yet (RAO trains by RL)")
+
+    def expert_rollout(self, policy: AgentPolicy, env: TextEnv, task: Task, group_id: int = 0) -> Rollout:
+        raise NotImplementedError("recursive demonstrations are not recorded yet (RAO trains by RL)")

@@ -1,0 +1,88 @@
+"""RAOPolicy: one shared policy trained over execution trees (ALGORITHMS.md, "RAO").
+
+A rollout is a tree of sessions (nodes) from `agents.recursive.RecursiveAgent`; ``meta["success"]``
+of each session is the node's own verified success. Per node X of tree i:
+
+- ``R(X) = s(X) + lam * mean_{c in children(X)} s(c)`` (`advantages.rao_node_rewards`; with
+  ``propagate_root`` every node gets the root's success instead);
+- ``A(X) = R(X) - b_i`` with the leave-one-out baseline over the group's root rewards
+  (`advantages.loo_baseline`), no std normalisation;
+- ``A'(X) = w_depth(X) * A(X)``, inverse-frequency depth weights over the batch (mean 1 over
+  rows, `advantages.depth_weights`), or none.
+
+CISPO by default, no KL by default. The linear baseline is the same module on rollouts of
+``RecursiveAgent(recursive=False)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lit_agents.algorithms.advantages import (
+    depth_weights,
+    loo_baseline,
+    rao_node_rewards,
+)
+from lit_agents.algorithms.collate import Row, session_rows
+from lit_agents.modules.grpo import GRPOPolicy
+from lit_agents.policy import AgentPolicy
+from lit_agents.types import Rollout
+
+
+class RAOPolicy(GRPOPolicy):
+    """Shared-policy RL over execution trees.
+
+    Args:
+        policy: the model (every node is this policy).
+        lam: delegation bonus weight.
+        propagate_root: every node's reward is the root's success.
+        depth_weighting: inverse-frequency depth weights.
+        loss: ``"cispo"`` (default) or ``"ppo"``.
+        **kwargs: see `GRPOPolicy`.
+    """
+
+    def __init__(self, policy: AgentPolicy, lam: float = 0.4, propagate_root: bool = False,
+                 depth_weighting: bool = True, loss: str = "cispo", **kwargs: Any) -> None:
+        kwargs.setdefault("drop_zero_signal", False)
+        super().__init__(policy, loss=loss, **kwargs)
+        self.lam, self.propagate_root, self.depth_weighting = lam, propagate_root, depth_weighting
+
+    def node_advantages(self, rollouts: list[Rollout]) -> list[list[float]]:
+        """One advantage per session (node) of each tree."""
+        if not rollouts:
+            return []
+        success, parent, depth, tree = [], [], [], []
+        offset = 0
+        for i, r in enumerate(rollouts):
+            for s in r.sessions:
+                success.append(float(s.meta.get("success", False)))
+                parent.append(-1 if s.parent is None else offset + s.parent)
+                depth.append(s.depth)
+                tree.append(i)
+            offset += len(r.sessions)
+        rewards = rao_node_rewards(torch.tensor(success), torch.tensor(parent), self.lam, self.propagate_root)
+        roots = torch.tensor(_root_offsets(rollouts))
+        root_rewards = rewards[roots]
+        baseline = loo_baseline(root_rewards, torch.tensor([r.group_id for r in rollouts]))
+        adv = rewards - baseline[torch.tensor(tree)]
+        if self.depth_weighting:
+            rows = torch.tensor([1 if s.num_generated else 0 for r in rollouts for s in r.sessions])
+            adv = adv * depth_weights(torch.tensor(depth), rows)
+        out, at = [], 0
+        for r in rollouts:
+            out.append(adv[at: at + len(r.sessions)].tolist())
+            at += len(r.sessions)
+        return out
+
+    def rollouts_to_rows(self, rollouts: list[Rollout]) -> list[Row]:
+        return session_rows(rollouts, self.node_advantages(rollouts), self.hparams.max_row_tokens)
+
+
+def _root_offsets(rollouts: list[Rollout]) -> list[int]:
+    offsets, at = [], 0
+    for r in rollouts:
+        offsets.append(at)
+        at += len(r.sessions)
+    return offsets

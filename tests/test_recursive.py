@@ -1,0 +1,128 @@
+"""RAO's recursive loop with scripted code (the mechanics, not the model): trees grow, children
+share the inventory, limits hold, every waiting node of every tree is batched."""
+
+from __future__ import annotations
+
+import pytest
+
+from lit_agents.agents.recursive import RecursiveAgent
+from lit_agents.envs import TextCraftSynth
+from lit_agents.policy import AgentPolicy
+from lit_agents.types import Call
+
+
+class Scripted(RecursiveAgent):
+    """Writes the code ``script(node)`` returns instead of sampling."""
+
+    def __init__(self, script, **kw):
+        super().__init__(**kw)
+        self.script, self.batches = script, []
+
+    def complete(self, policy, engine, nodes, params, generator, version):
+        self.batches.append(len(nodes))
+        texts = []
+        for node in nodes:
+            text = self.script(node)
+            ids = policy.chat.completion(text)
+            node.session.calls.append(Call(node.pending, ids, [0.0] * len(ids), "default", 0, node.pending_text, text))
+            texts.append(text)
+        return texts
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_config):
+    return AgentPolicy(tiny=tiny_config, lora_r=4)
+
+
+@pytest.fixture(scope="module")
+def env():
+    return TextCraftSynth(difficulty="easy")
+
+
+def _solve(env, task):
+    return env.expert_program(task)
+
+
+def test_root_delegates_to_a_child_sharing_the_inventory(policy, env):
+    task = env.tasks("train")[0]
+
+    def script(node):
+        if node.depth == 0:
+            return f"print(await launch_subagent({task.goal!r}))\nprint(finish())"
+        return _solve(env, task)  # the child does the whole job in the shared inventory
+
+    rollouts = Scripted(script).run(policy, env, [task], group_size=2)
+    assert len(rollouts) == 2 and all(r.success for r in rollouts)
+    root, child = rollouts[0].sessions
+    assert (root.kind, root.depth, root.parent) == ("main", 0, None)
+    assert (child.kind, child.depth, child.parent) == ("subagent", 1, 0)
+    assert child.meta["success"] and root.meta["success"] and child.meta["goal"] == task.goal
+    assert child.meta["answer"].splitlines()[-1].startswith("Success")
+    assert "Success" in root.calls[-1].completion_text or rollouts[0].meta["nodes"] == 2
+
+
+def test_concurrent_children_and_batching_across_trees(policy, env):
+    tasks = env.tasks("train")[:3]
+
+    def script(node):
+        if node.depth == 0:
+            return "rs = await asyncio.gather(launch_subagent(GOAL), launch_subagent(GOAL))\nprint(len(rs))\nprint(finish())".replace(
+                "GOAL", repr(node.goal))
+        return "print(view_inventory())\nprint(finish())"  # a child that does nothing fails its goal
+
+    agent = Scripted(script)
+    rollouts = agent.run(policy, env, tasks)
+    assert max(agent.batches) == 6  # both children of all three trees in one model call
+    for r in rollouts:
+        assert [s.depth for s in r.sessions] == [0, 1, 1] and not r.success
+        assert [s.meta["success"] for s in r.sessions] == [False, False, False]
+
+
+def test_depth_and_node_limits_refuse_launches(policy, env):
+    task = env.tasks("train")[0]
+
+    def script(node):
+        return ("try:\n    print(await launch_subagent(GOAL))\nexcept ToolError as e:\n    print('refused:', e)\n"
+                "print(finish())").replace("GOAL", repr(node.goal))
+
+    (deep,) = Scripted(script, max_depth=3).run(policy, env, [task])
+    assert [s.depth for s in deep.sessions] == [0, 1, 2, 3]
+    assert "depth limit 3" in deep.sessions[3].meta["answer"]
+    (wide,) = Scripted(script, max_depth=10, max_nodes=2).run(policy, env, [task])
+    assert len(wide.sessions) == 2 and "node limit 2" in wide.sessions[1].meta["answer"]
+
+
+def test_linear_baseline_has_no_launch_and_steps_are_limited(policy, env):
+    task = env.tasks("train")[0]
+    agent = Scripted(lambda node: "print(launch_subagent)", recursive=False, max_steps=3)
+    (rollout,) = agent.run(policy, env, [task])
+    (root,) = rollout.sessions
+    assert len(root.calls) == 3 and not rollout.success and rollout.meta["reason"] == "max_steps"
+    assert "NameError" in root.calls[1].prompt_text
+
+
+def test_live_sampling_runs_end_to_end(policy, env):
+    agent = RecursiveAgent(max_new_tokens=16, max_steps=2, repl_timeout_s=5.0)
+    rollouts = agent.run(policy, env, env.tasks("train")[:2], group_size=2, seed=0)
+    assert len(rollouts) == 4 and all(len(r.sessions[0].calls) <= 2 for r in rollouts)
+
+
+def test_rao_policy_node_advantages_by_hand(policy):
+    from lit_agents.modules import RAOPolicy
+    from lit_agents.types import Rollout, Session
+
+    def node(sid, parent, depth, ok):
+        call = Call([1, 2], [3, 4], [-0.1, -0.1])
+        return Session(sid, "main" if parent is None else "subagent", parent, depth, [call], meta={"success": ok})
+
+    # tree A: root ok, children ok / failed; tree B: a lone failed root (same group)
+    a = Rollout("t", 0, [node(0, None, 0, True), node(1, 0, 1, True), node(2, 0, 1, False)], 1.0, True)
+    b = Rollout("t", 0, [node(0, None, 0, False)], 0.0, False)
+    advs = RAOPolicy(policy, lam=0.4, depth_weighting=False).node_advantages([a, b])
+    # R: root A = 1 + 0.4 * 0.5 = 1.2, children 1 / 0, root B 0; baselines: A -> 0 (B's root), B -> 1.2
+    assert advs[0] == pytest.approx([1.2, 1.0, 0.0]) and advs[1] == pytest.approx([-1.2])
+    weighted = RAOPolicy(policy, lam=0.4).node_advantages([a, b])
+    # N = [2, 2] nodes at depths 0, 1; M = [2, 2] rows -> Z = 4 / 2 = 2, w = [1, 1]
+    assert weighted == advs
+    rows = RAOPolicy(policy).rollouts_to_rows([a, b])
+    assert len(rows) == 4
