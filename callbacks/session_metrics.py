@@ -2,7 +2,8 @@
 
 At the start of each training epoch it reads the rollouts the data module just played and
 logs per-rollout means: sessions, turns (LLM calls), tokens in context and generated tokens,
-plus sessions by kind. Later methods (Mosaic, RAO) extend it with compactions, forks and trees.
+sessions by kind; for multi-session rollouts (Mosaic) compactions, forks, summary length and
+success by session count; for execution trees (RAO) nodes, depth, width and child success.
 """
 
 from __future__ import annotations
@@ -25,6 +26,25 @@ def session_stats(rollouts: list[Rollout]) -> dict[str, float]:
         "session/generated_per_rollout": sum(r.num_generated for r in rollouts) / n,
     }
     stats |= {f"session/{kind}_per_rollout": count / n for kind, count in kinds.items()}
+    if any("compactions" in r.meta or "forks" in r.meta for r in rollouts):
+        stats["session/compactions_per_rollout"] = sum(r.meta.get("compactions", 0) for r in rollouts) / n
+        stats["session/forks_per_rollout"] = sum(r.meta.get("forks", 0) for r in rollouts) / n
+        summaries = [s.calls[-1].completion_ids for r in rollouts for s in r.sessions[:-1]
+                     if s.kind != "subagent" and s.calls and r.meta.get("compactions")]
+        if summaries:
+            stats["session/summary_tokens"] = sum(map(len, summaries)) / len(summaries)
+        by_count: dict[int, list[float]] = {}
+        for r in rollouts:
+            by_count.setdefault(len(r.sessions), []).append(float(r.success))
+        stats |= {f"session/success_with_{k}_sessions": sum(v) / len(v) for k, v in sorted(by_count.items())}
+    subagents = [s for r in rollouts for s in r.sessions if s.depth > 0 and "success" in s.meta]
+    if subagents:
+        stats["session/child_success"] = sum(bool(s.meta["success"]) for s in subagents) / len(subagents)
+    if any("nodes" in r.meta for r in rollouts):
+        stats["tree/nodes"] = sum(len(r.sessions) for r in rollouts) / n
+        stats["tree/depth"] = sum(max(s.depth for s in r.sessions) for r in rollouts) / n
+        widths = [max(Counter(s.depth for s in r.sessions).values()) for r in rollouts if r.sessions]
+        stats["tree/width"] = sum(widths) / max(len(widths), 1)
     return stats
 
 

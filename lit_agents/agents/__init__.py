@@ -2,7 +2,8 @@
 
 from lit_agents.agents.base import Agent
 from lit_agents.agents.hierarchical import HierarchicalAgent
+from lit_agents.agents.multisession import MultiSessionAgent
 from lit_agents.agents.react import ReActAgent
 from lit_agents.agents.recursive import RecursiveAgent
 
-__all__ = ["Agent", "HierarchicalAgent", "ReActAgent", "RecursiveAgent"]
+__all__ = ["Agent", "HierarchicalAgent", "MultiSessionAgent", "ReActAgent", "RecursiveAgent"]

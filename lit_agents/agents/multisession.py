@@ -1,0 +1,256 @@
+"""Mosaic's multi-session loop: context compaction and subagent forking over a text env.
+
+A rollout is several sessions (ALGORITHMS.md, "Mosaic"):
+
+- **compaction** (``compaction=True``): when a session's context would pass ``context_budget``
+  tokens, or the policy writes the ``compact`` action, the policy is asked for a summary (the
+  request is an observation; the summary is generated, and trained, in the ending session); a
+  new ``compaction`` session starts whose prompt is the task + the summary, not the old history.
+- **forking** (``forking=True``): the action ``fork: <goal>`` starts a ``subagent`` session of the
+  same policy with a fresh context on ``goal`` (a goal ``env.goal_met`` can check, e.g. TextCraft's
+  ``craft 4 oak planks``), acting on the same environment state. It ends when its goal is met,
+  when it writes ``done``, or after ``subagent_steps``; its result returns to the parent as an
+  observation (masked in the parent's loss, like every observation).
+
+Every session records ``meta["progress_before"/"progress_after"]`` (``env.progress``) for
+Mosaic's marginal gains and, for subagents, ``meta["goal"]`` and ``meta["success"]``. Limits:
+forks and sessions per rollout. All live sessions of all episodes are batched per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lit_agents.agents.react import ReActAgent
+from lit_agents.envs.base import Task, TextEnv
+from lit_agents.generation import GenerationEngine, SamplingParams
+from lit_agents.policy import AgentPolicy
+from lit_agents.types import Call, Rollout, Session
+
+SUMMARY_REQUEST = "Context full. Summarize your progress and what is left, in a few lines."
+COMPACT, DONE, FORK = "compact", "done", "fork:"
+
+
+@dataclass
+class _Line:
+    """One live session: the episode's main line (main/compaction) or a subagent."""
+
+    episode: _Ep
+    session: Session
+    pending: list[int]
+    pending_text: str
+    goal: str = ""
+    parent: _Line | None = None
+    context: Any = None
+    steps: int = 0
+    summarizing: bool = False
+    waiting: bool = False
+    done: bool = False
+    cut: bool = False
+    last_observation: str = ""
+
+
+@dataclass
+class _Ep:
+    task: Task
+    group_id: int
+    state: Any
+    task_text: str
+    sessions: list[Session] = field(default_factory=list)
+    steps: int = 0
+    forks: int = 0
+    compactions: int = 0
+    reward: float = 0.0
+    success: bool = False
+    done: bool = False
+    reason: str = ""
+
+
+class MultiSessionAgent(ReActAgent):
+    """ReAct with context compaction and subagent forking (each a switch).
+
+    Args:
+        compaction: allow compaction (budget-triggered and the ``compact`` action).
+        context_budget: tokens a session may hold before it must compact.
+        summary_tokens: longest summary.
+        forking: allow ``fork: <goal>``.
+        (``max_steps`` counts every action turn of every session: env actions, forks, ``compact``.)
+        max_forks: forks per rollout.
+        max_sessions: sessions per rollout (further compactions end the episode, forks are refused).
+        subagent_steps: actions per subagent.
+        **kwargs: see `ReActAgent` (max_new_tokens, temperature, max_steps (all sessions), ...).
+    """
+
+    def __init__(
+        self,
+        compaction: bool = True,
+        context_budget: int = 512,
+        summary_tokens: int = 64,
+        forking: bool = False,
+        max_forks: int = 4,
+        max_sessions: int = 8,
+        subagent_steps: int = 10,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.compaction, self.context_budget, self.summary_tokens = compaction, context_budget, summary_tokens
+        self.forking, self.max_forks, self.max_sessions = forking, max_forks, max_sessions
+        self.subagent_steps = subagent_steps
+
+    # ------------------------------------------------------------------ text (override)
+    def compaction_prompt(self, task_text: str, summary: str) -> str:
+        return f"{task_text}\n\nSummary of earlier work:\n{summary}"
+
+    def subagent_prompt(self, task_text: str, goal: str, observation: str) -> str:
+        return f"{task_text}\n\nYou are a subagent. Your goal: {goal}\n{observation}".rstrip()
+
+    # ------------------------------------------------------------------ rollouts
+    def run(self, policy: AgentPolicy, env: TextEnv, tasks: list[Task], group_size: int = 1, *,
+            greedy: bool = False, seed: int = 0, group_offset: int = 0, policy_version: int = 0) -> list[Rollout]:
+        episodes, lines = [], []
+        system = env.instructions if self.system_prompt is None else self.system_prompt
+        for i, task in enumerate(tasks):
+            for _ in range(group_size):
+                state, first = env.reset(task)
+                ep = _Ep(task, group_offset + i, state, first)
+                episodes.append(ep)
+                lines.append(self._open(policy, env, ep, "main", system, first))
+        self._system = system
+        act = SamplingParams(temperature=0.0 if greedy else self.temperature, top_p=1.0 if greedy else self.top_p,
+                             max_new_tokens=self.max_new_tokens, stop_token_ids=policy.chat.stop_ids)
+        summarize = SamplingParams(temperature=act.temperature, top_p=act.top_p, max_new_tokens=self.summary_tokens,
+                                   stop_token_ids=policy.chat.stop_ids)
+        device = next(policy.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(seed)
+        engine = GenerationEngine(policy.model, pad_token_id=policy.pad_id, tokenizer=policy.tokenizer,
+                                  show_progress=self.show_progress)
+        while True:
+            ready = [ln for ln in lines if not ln.done and not ln.waiting and not ln.episode.done]
+            if not ready:
+                break
+            for params, group in ((act, [ln for ln in ready if not ln.summarizing]),
+                                  (summarize, [ln for ln in ready if ln.summarizing])):
+                if group:
+                    texts = self.complete(policy, engine, group, params, generator, policy_version)
+                    for line, text in zip(group, texts):
+                        lines += self._advance_line(policy, env, line, text)
+        return [self._rollout(env, ep) for ep in episodes]
+
+    def complete(self, policy, engine, lines: list[_Line], params, generator, version: int) -> list[str]:
+        """One batched model call; records each call in its session."""
+        outs = engine.generate([ln.context for ln in lines], [ln.pending for ln in lines], params, generator)
+        texts = []
+        for line, out in zip(lines, outs):
+            text = policy.chat.decode_completion(out.token_ids)
+            ids = list(out.token_ids)
+            line.session.calls.append(Call(line.pending, ids, list(out.logprobs), policy.active_role or "default",
+                                           version, line.pending_text, text))
+            line.context = out.context
+            line.cut = out.finish_reason == "length"
+            texts.append(text)
+        return texts
+
+    def _open(self, policy, env, ep: _Ep, kind: str, system: str, prompt: str, parent: _Line | None = None,
+              goal: str = "") -> _Line:
+        session = Session(len(ep.sessions), kind, None if parent is None else parent.session.session_id,
+                          0 if parent is None else parent.session.depth + 1,
+                          meta={"progress_before": float(env.progress(ep.state))})
+        if goal:
+            session.meta.update(goal=goal, success=False)
+        ep.sessions.append(session)
+        return _Line(ep, session, policy.chat.start(system, prompt), prompt, goal, parent)
+
+    def _next(self, policy, line: _Line, observation: str) -> None:
+        line.pending_text = observation
+        line.pending = ([policy.chat.end_id] if line.cut else []) + policy.chat.next(observation)
+
+    def _close(self, env, line: _Line) -> None:
+        line.done = True
+        line.session.meta["progress_after"] = float(env.progress(line.episode.state))
+
+    def _advance_line(self, policy, env, line: _Line, text: str) -> list[_Line]:
+        """Apply one completion; returns new sessions to run."""
+        ep = line.episode
+        if line.summarizing:  # the summary ends this session; a compaction session continues
+            self._close(env, line)
+            ep.compactions += 1
+            if len(ep.sessions) >= self.max_sessions:
+                ep.done, ep.reason = True, "max_sessions"
+                return []
+            return [self._open(policy, env, ep, "compaction", self._system, self.compaction_prompt(ep.task_text, text))]
+        action = self.parse_action(text)
+        ep.steps += 1  # every action turn counts, env action or not (refused forks cannot loop)
+        line.steps += 1
+        max_steps = self.max_steps or env.max_steps
+        if ep.steps > max_steps:
+            for other in [line] + ([line.parent] if line.parent else []):
+                self._close(env, other)
+            ep.done, ep.reason = True, "max_steps"
+            return []
+        if self.compaction and line.parent is None and action.lower() == COMPACT:
+            line.summarizing = True
+            self._next(policy, line, SUMMARY_REQUEST)
+            return []
+        if line.parent is not None and action.lower() == DONE:
+            return self._end_subagent(policy, env, line, "the subagent said it is done")
+        if self.forking and line.parent is None and action.lower().startswith(FORK):
+            return self._fork(policy, env, line, action[len(FORK):].strip())
+        result = env.step(ep.state, action)
+        ep.reward += result.reward
+        ep.success = ep.success or result.success
+        line.last_observation = result.observation
+        if result.done or ep.success or ep.steps >= max_steps:
+            for other in [line] + ([line.parent] if line.parent else []):
+                self._close(env, other)
+            ep.done, ep.reason = True, "success" if ep.success else ("done" if result.done else "max_steps")
+            if line.parent is not None:
+                line.session.meta["success"] = self._met(env, line)
+            return []
+        if line.parent is not None and (self._met(env, line) or line.steps >= self.subagent_steps):
+            return self._end_subagent(policy, env, line, result.observation)
+        self._next(policy, line, result.observation)
+        budget = line.session.num_tokens + len(line.pending) + self.max_new_tokens
+        if self.compaction and line.parent is None and budget > self.context_budget:
+            line.summarizing = True
+            self._next(policy, line, f"{result.observation}\n{SUMMARY_REQUEST}")
+        return []
+
+    def _met(self, env, line: _Line) -> bool:
+        try:
+            return bool(env.goal_met(line.episode.state, line.goal))
+        except Exception:
+            return False
+
+    def _fork(self, policy, env, line: _Line, goal: str) -> list[_Line]:
+        ep = line.episode
+        if not goal or ep.forks >= self.max_forks or len(ep.sessions) >= self.max_sessions:
+            why = "no goal given" if not goal else "fork limit reached"
+            self._next(policy, line, f"Fork refused: {why}.")
+            return []
+        ep.forks += 1
+        line.waiting = True
+        prompt = self.subagent_prompt(ep.task_text, goal, line.last_observation)
+        return [self._open(policy, env, ep, "subagent", self._system, prompt, parent=line, goal=goal)]
+
+    def _end_subagent(self, policy, env, line: _Line, last: str) -> list[_Line]:
+        met = self._met(env, line)
+        line.session.meta["success"] = met
+        self._close(env, line)
+        parent = line.parent
+        parent.waiting = False
+        outcome = "met" if met else "not met"
+        self._next(policy, parent, f"Subagent result ({line.goal}): goal {outcome}. {last}".strip())
+        return []
+
+    @staticmethod
+    def _rollout(env, ep: _Ep) -> Rollout:
+        for s in ep.sessions:
+            s.meta.setdefault("progress_after", float(env.progress(ep.state)))
+        kinds = [s.kind for s in ep.sessions]
+        return Rollout(ep.task.task_id, ep.group_id, ep.sessions, ep.reward, ep.success,
+                       {"steps": ep.steps, "reason": ep.reason or "max_steps", "sessions": len(ep.sessions),
+                        "compactions": ep.compactions, "forks": ep.forks,
+                        "subagents": kinds.count("subagent")})
