@@ -5,6 +5,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
+import torch
+
+from lit_agents.generation import GenerationEngine, SamplingParams
+
 if TYPE_CHECKING:
     from lit_agents.data.demos import Episode
     from lit_agents.envs.base import Task, TextEnv
@@ -18,6 +22,23 @@ class Agent(ABC):
 
     #: sampling temperature of training rollouts (the modules score log-probs at it)
     temperature: float = 1.0
+    top_p: float = 1.0
+    show_progress: bool = False
+
+    def sampling(self, policy: AgentPolicy, max_new_tokens: int, *, greedy: bool,
+                 temperature: float | None = None) -> SamplingParams:
+        """Sampling settings of one kind of call: greedy, or ``temperature`` (default: the
+        agent's) with the agent's top-p; stops at the chat format's end of turn."""
+        temp = self.temperature if temperature is None else temperature
+        return SamplingParams(temperature=0.0 if greedy else temp, top_p=1.0 if greedy else self.top_p,
+                              max_new_tokens=max_new_tokens, stop_token_ids=policy.chat.stop_ids)
+
+    def engine(self, policy: AgentPolicy, seed: int) -> tuple[GenerationEngine, torch.Generator]:
+        """A generation engine over the policy's model and a seeded generator on its device."""
+        device = next(policy.parameters()).device
+        engine = GenerationEngine(policy.model, pad_token_id=policy.pad_id, tokenizer=policy.tokenizer,
+                                  show_progress=self.show_progress)
+        return engine, torch.Generator(device=device).manual_seed(seed)
 
     @abstractmethod
     def run(self, policy: AgentPolicy, env: TextEnv, tasks: list[Task], group_size: int = 1, *,

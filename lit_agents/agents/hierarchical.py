@@ -29,13 +29,11 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_agents.agents.base import Agent
 from lit_agents.data.demos import Episode
 from lit_agents.envs.base import StepResult, Task, TextEnv
-from lit_agents.generation import GenerationEngine, SamplingParams
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Call, Rollout, Session
 
@@ -159,19 +157,9 @@ class HierarchicalAgent(Agent):
             for _ in range(group_size):
                 state, first = env.reset(task)
                 episodes.append(_Episode(task, group_offset + i, state, first))
-        stops = policy.chat.stop_ids
-        plan_params = SamplingParams(
-            temperature=0.0 if greedy else self.planner_temperature, top_p=1.0 if greedy else self.top_p,
-            max_new_tokens=self.plan_tokens, stop_token_ids=stops,
-        )
-        act_params = SamplingParams(
-            temperature=0.0 if greedy else self.temperature, top_p=1.0 if greedy else self.top_p,
-            max_new_tokens=self.max_new_tokens, stop_token_ids=stops,
-        )
-        device = next(policy.parameters()).device
-        generator = torch.Generator(device=device).manual_seed(seed)
-        engine = GenerationEngine(policy.model, pad_token_id=policy.pad_id, tokenizer=policy.tokenizer,
-                                  show_progress=self.show_progress)
+        plan_params = self.sampling(policy, self.plan_tokens, greedy=greedy, temperature=self.planner_temperature)
+        act_params = self.sampling(policy, self.max_new_tokens, greedy=greedy)
+        engine, generator = self.engine(policy, seed)
         live = list(episodes)
         while live:
             planners = [e for e in live if e.planning]

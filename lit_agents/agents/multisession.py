@@ -22,11 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from lit_agents.agents.react import ReActAgent
 from lit_agents.envs.base import Task, TextEnv
-from lit_agents.generation import GenerationEngine, SamplingParams
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Call, Rollout, Session
 
@@ -119,14 +116,9 @@ class MultiSessionAgent(ReActAgent):
                 episodes.append(ep)
                 lines.append(self._open(policy, env, ep, "main", system, first))
         self._system = system
-        act = SamplingParams(temperature=0.0 if greedy else self.temperature, top_p=1.0 if greedy else self.top_p,
-                             max_new_tokens=self.max_new_tokens, stop_token_ids=policy.chat.stop_ids)
-        summarize = SamplingParams(temperature=act.temperature, top_p=act.top_p, max_new_tokens=self.summary_tokens,
-                                   stop_token_ids=policy.chat.stop_ids)
-        device = next(policy.parameters()).device
-        generator = torch.Generator(device=device).manual_seed(seed)
-        engine = GenerationEngine(policy.model, pad_token_id=policy.pad_id, tokenizer=policy.tokenizer,
-                                  show_progress=self.show_progress)
+        act = self.sampling(policy, self.max_new_tokens, greedy=greedy)
+        summarize = self.sampling(policy, self.summary_tokens, greedy=greedy)
+        engine, generator = self.engine(policy, seed)
         while True:
             ready = [ln for ln in lines if not ln.done and not ln.waiting and not ln.episode.done]
             if not ready:

@@ -12,12 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_agents.agents.base import Agent
 from lit_agents.envs.base import StepResult, Task, TextEnv
-from lit_agents.generation import GenerationEngine, SamplingParams
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Call, Rollout, Session
 
@@ -99,16 +97,8 @@ class ReActAgent(Agent):
         episodes = [
             self._start(policy, env, task, group_offset + i) for i, task in enumerate(tasks) for _ in range(group_size)
         ]
-        params = SamplingParams(
-            temperature=0.0 if greedy else self.temperature,
-            top_p=1.0 if greedy else self.top_p,
-            max_new_tokens=self.max_new_tokens,
-            stop_token_ids=policy.chat.stop_ids,
-        )
-        device = next(policy.parameters()).device
-        generator = torch.Generator(device=device).manual_seed(seed)
-        engine = GenerationEngine(policy.model, pad_token_id=policy.pad_id, tokenizer=policy.tokenizer,
-                                  show_progress=self.show_progress)
+        params = self.sampling(policy, self.max_new_tokens, greedy=greedy)
+        engine, generator = self.engine(policy, seed)
         role = policy.active_role or "default"
         live = [e for e in episodes if not e.done]
         while live:

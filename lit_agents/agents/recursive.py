@@ -21,12 +21,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from lit_agents.agents.base import Agent
 from lit_agents.envs.base import Task, TextEnv
 from lit_agents.envs.repl import PythonREPL, ReplResult, ToolCall
-from lit_agents.generation import GenerationEngine, SamplingParams
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Call, Rollout, Session
 
@@ -135,14 +132,8 @@ class RecursiveAgent(Agent):
                 trees.append([])
                 meta.append((task, group_offset + i))
                 self._new_node(policy, env, trees, len(trees) - 1, task.goal, state, 0, None, None)
-        params = SamplingParams(
-            temperature=0.0 if greedy else self.temperature, top_p=1.0 if greedy else self.top_p,
-            max_new_tokens=self.max_new_tokens, stop_token_ids=policy.chat.stop_ids,
-        )
-        device = next(policy.parameters()).device
-        generator = torch.Generator(device=device).manual_seed(seed)
-        engine = GenerationEngine(policy.model, pad_token_id=policy.pad_id, tokenizer=policy.tokenizer,
-                                  show_progress=self.show_progress)
+        params = self.sampling(policy, self.max_new_tokens, greedy=greedy)
+        engine, generator = self.engine(policy, seed)
         try:
             while ready := [n for tree in trees for n in tree if not n.done and not n.waiting]:
                 texts = self.complete(policy, engine, ready, params, generator, policy_version)

@@ -176,3 +176,16 @@ class Lease:
 
     def close(self) -> None:
         self._finalizer()
+
+
+class LeasedState:
+    """Mixin for episode states holding a `Lease` (``lease``) and their ``actions``: ``steps``
+    counts the actions, and pickling drops the lease (a pickled state replays its actions
+    into a fresh game on its next step)."""
+
+    @property
+    def steps(self) -> int:
+        return len(self.actions)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "lease"} | {"lease": None}

@@ -53,7 +53,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lit_agents.envs.base import Split, StepResult, Task, TextEnv
-from lit_agents.envs.jvm import DEFAULT_JAVA_OPTIONS, Lease, require_java, server_pool
+from lit_agents.envs.jvm import (
+    DEFAULT_JAVA_OPTIONS,
+    Lease,
+    LeasedState,
+    require_java,
+    server_pool,
+)
 
 _OVER = "The episode is over."
 _NOT_UNDERSTOOD = ("No known action matches that input.", "Unknown action.")
@@ -78,7 +84,7 @@ def variation_splits(count: int) -> dict[str, list[int]]:
 
 
 @dataclass
-class ScienceWorldState:
+class ScienceWorldState(LeasedState):
     """One episode: the ``actions`` taken, the simulator's ``score`` (0-1; negative on failure)."""
 
     task: Task
@@ -87,13 +93,6 @@ class ScienceWorldState:
     done: bool = False
     success: bool = False
     lease: Lease | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def steps(self) -> int:
-        return len(self.actions)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "lease"} | {"lease": None}
 
 
 class ScienceWorld(TextEnv):

@@ -53,7 +53,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lit_agents.envs.base import Split, StepResult, Task, TextEnv
-from lit_agents.envs.jvm import DEFAULT_JAVA_OPTIONS, Lease, require_java, server_pool
+from lit_agents.envs.jvm import (
+    DEFAULT_JAVA_OPTIONS,
+    Lease,
+    LeasedState,
+    require_java,
+    server_pool,
+)
 
 GAMES = ("cookingworld", "twc", "coin", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
 #: games whose episodes share Java objects when run in one JVM: each live episode gets its own
@@ -69,7 +75,7 @@ def _jar() -> str:
 
 
 @dataclass
-class TextWorldExpressState:
+class TextWorldExpressState(LeasedState):
     """One episode: the ``actions`` taken, the ``gold`` path and how far the expert got along it
     (``gold_index``), the game's normalized ``score``, the ``valid_actions`` offered next."""
 
@@ -82,13 +88,6 @@ class TextWorldExpressState:
     done: bool = False
     success: bool = False
     lease: Lease | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def steps(self) -> int:
-        return len(self.actions)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "lease"} | {"lease": None}
 
 
 class TextWorldExpress(TextEnv):
