@@ -273,7 +273,6 @@ def session_shaping(gains: Tensor, kinds: Tensor, group_ids: Tensor, eps: float 
 
 def _roots(parent: Tensor) -> Tensor:
     """The root index of every node of a forest given parent indices (-1 at roots)."""
-    root = parent.clone()
     node = torch.arange(parent.numel(), device=parent.device)
     root = torch.where(parent < 0, node, parent)
     for _ in range(parent.numel()):

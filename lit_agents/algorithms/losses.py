@@ -40,6 +40,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from lit_agents.algorithms.advantages import group_stats
+
 __all__ = [
     "LossOutput",
     "KLKind",
@@ -309,10 +311,7 @@ def awac_weights(adv: Tensor, alpha: float = 1.0, clip: float = 20.0, episode_id
     if episode_ids is None:
         w = w / w.mean()
     else:
-        _, index = torch.unique(episode_ids, return_inverse=True)
-        sums = torch.zeros(int(index.max()) + 1, dtype=w.dtype, device=w.device).index_add_(0, index, w)
-        counts = torch.bincount(index).to(w.dtype)
-        w = w / (sums / counts)[index]
+        w = w / group_stats(w, episode_ids).mean.to(w.dtype)
     return w.clamp(max=clip)
 
 

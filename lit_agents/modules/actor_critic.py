@@ -30,6 +30,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from lit_agents.algorithms.advantages import group_stats
 from lit_agents.algorithms.collate import Row, transition_rows
 from lit_agents.algorithms.losses import (
     awac_weights,
@@ -201,7 +202,7 @@ class System2ActorCritic(AgentModule):
             stats["v_loss"] = v_loss.detach()
         else:
             critic_loss = q_loss
-            adv = q_target - _episode_mean(q_target, t["episodes"])
+            adv = q_target - group_stats(q_target, t["episodes"]).mean.to(q_target.dtype)
             weights = awac_weights(adv, hp.alpha, hp.weight_clip, t["episodes"])
         critic_opt.zero_grad()
         self.manual_backward(critic_loss)
@@ -251,10 +252,3 @@ class System2ActorCritic(AgentModule):
         rows = checkpoint.get("replay_buffer", [])
         self.buffer = [Row(ids, mask, [0.0] * len(ids), [0.0] * len(ids), role, meta) for ids, mask, role, meta in rows]
 
-
-def _episode_mean(values: Tensor, episodes: Tensor) -> Tensor:
-    """Each value's episode mean (episodes given by id)."""
-    _, index = torch.unique(episodes, return_inverse=True)
-    sums = torch.zeros(int(index.max()) + 1, dtype=values.dtype, device=values.device).index_add_(0, index, values)
-    counts = torch.bincount(index).to(values.dtype)
-    return (sums / counts)[index]

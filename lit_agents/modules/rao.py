@@ -53,9 +53,10 @@ class RAOPolicy(GRPOPolicy):
         """One advantage per session (node) of each tree."""
         if not rollouts:
             return []
-        success, parent, depth, tree = [], [], [], []
+        success, parent, depth, tree, roots = [], [], [], [], []
         offset = 0
         for i, r in enumerate(rollouts):
+            roots.append(offset)
             for s in r.sessions:
                 success.append(float(s.meta.get("success", False)))
                 parent.append(-1 if s.parent is None else offset + s.parent)
@@ -63,8 +64,7 @@ class RAOPolicy(GRPOPolicy):
                 tree.append(i)
             offset += len(r.sessions)
         rewards = rao_node_rewards(torch.tensor(success), torch.tensor(parent), self.lam, self.propagate_root)
-        roots = torch.tensor(_root_offsets(rollouts))
-        root_rewards = rewards[roots]
+        root_rewards = rewards[torch.tensor(roots)]
         baseline = loo_baseline(root_rewards, torch.tensor([r.group_id for r in rollouts]))
         adv = rewards - baseline[torch.tensor(tree)]
         if self.depth_weighting:
@@ -79,10 +79,3 @@ class RAOPolicy(GRPOPolicy):
     def rollouts_to_rows(self, rollouts: list[Rollout]) -> list[Row]:
         return session_rows(rollouts, self.node_advantages(rollouts), self.hparams.max_row_tokens)
 
-
-def _root_offsets(rollouts: list[Rollout]) -> list[int]:
-    offsets, at = [], 0
-    for r in rollouts:
-        offsets.append(at)
-        at += len(r.sessions)
-    return offsets
