@@ -1,6 +1,7 @@
 """Multi-turn rollout throughput: `GenerationEngine` (KV reuse) vs HF `generate` re-encoding history.
 
-Workload: groups of sessions (every session in a group shares its task prompt), several turns
+Workload: groups of sessions (every session in a group shares its task prompt and first
+observation, as G samples of one task do), several turns
 per session; each turn appends a 10-20 token observation and samples up to ``--max-new`` tokens
 (a few stop ids end some completions early). The baseline is the naive multi-turn loop: each
 turn, ``model.generate`` on the left-padded whole history of every session. Both run on the same
@@ -44,11 +45,16 @@ def make_workload(args: argparse.Namespace) -> tuple[list[list[int]], list[list[
     n = len(prompts)
     lengths = torch.randint(10, 21, (args.turns, n), generator=gen).tolist()
     observations = [[ids(k) for k in turn] for turn in lengths]
+    # a group's sessions start from the same task and first observation, as in a real rollout
+    first = [ids(16) for _ in range(args.groups)]
+    observations[0] = [first[i // args.group_size] for i in range(n)]
     return prompts, observations
 
 
-def run_engine(model, prompts, observations, params, compact_fraction: float) -> tuple[int, float]:
-    engine = GenerationEngine(model, pad_token_id=PAD, compact_fraction=compact_fraction)
+def run_engine(
+    model, prompts, observations, params, compact_fraction: float, share_prefill: bool = True
+) -> tuple[int, float]:
+    engine = GenerationEngine(model, pad_token_id=PAD, compact_fraction=compact_fraction, share_prefill=share_prefill)
     gen = torch.Generator().manual_seed(1)
     contexts: list[KVContext | None] = [None] * len(prompts)
     total, start = 0, time.perf_counter()
@@ -121,6 +127,8 @@ def main() -> None:
         tokens, seconds = run_engine(model, prompts, observations, params, fraction)
         best = max(best, tokens / seconds)
         print(f"engine (compact_fraction={fraction}): {rate(tokens, seconds)}")
+    tokens, seconds = run_engine(model, prompts, observations, params, args.compact[0], share_prefill=False)
+    print(f"engine without shared group prefill: {rate(tokens, seconds)}")
     tokens, seconds = run_hf_reencode(model, prompts, observations, params)
     print(f"HF generate, re-encoding history: {rate(tokens, seconds)}")
     print(f"speed-up: {best / (tokens / seconds):.2f}x")

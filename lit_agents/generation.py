@@ -290,6 +290,9 @@ class GenerationEngine:
         compact_fraction: drop finished rows from the batch (gathering the cache) once this
             fraction of the batch has finished; until then they are fed masked pads. 0 drops them
             at once, 1 never (only at the end). Results are identical either way; only speed differs.
+        share_prefill: prefill once for sessions that are in the same state (new, or the same
+            handle / a fork of it) and receive the same tokens, e.g. the G samples of one task,
+            then copy the cache rows. Same numbers up to floating-point batch effects.
     """
 
     def __init__(
@@ -299,6 +302,7 @@ class GenerationEngine:
         tokenizer: Any = None,
         show_progress: bool = False,
         compact_fraction: float = 0.25,
+        share_prefill: bool = True,
     ) -> None:
         if not 0.0 <= compact_fraction <= 1.0:
             raise ValueError(f"compact_fraction must be in [0, 1], got {compact_fraction}")
@@ -307,6 +311,7 @@ class GenerationEngine:
         self.tokenizer = tokenizer
         self.show_progress = show_progress
         self.compact_fraction = compact_fraction
+        self.share_prefill = share_prefill
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         params = inspect.signature(base.forward).parameters
         # transformers 5.x names the cache argument `cache`, older versions `past_key_values`
@@ -351,8 +356,34 @@ class GenerationEngine:
         if any(not chunk for chunk in chunks):
             raise ValueError("a new session needs at least one prompt token")
         stop = _StopStrings(self.tokenizer, params.stop_strings) if params.stop_strings else None
-        batch, logits = self._prefill(contexts, chunks, params.max_new_tokens)
+        # sessions in the same state about to read the same tokens (a group's G samples of one
+        # task; forks) are prefilled once, then their batch rows are copied
+        keys = [(None if c is None else (id(c.keys), c.pending_ids), tuple(ids)) for c, ids in zip(contexts, new_ids)]
+        first: dict[Any, int] = {}
+        unique = [first.setdefault(key, len(first)) for key in keys]
+        if self.share_prefill and len(first) < len(keys):
+            reps = sorted(first, key=first.__getitem__)
+            owner = {first[k]: keys.index(k) for k in reps}
+            batch, logits = self._prefill(
+                [contexts[owner[u]] for u in range(len(reps))],
+                [chunks[owner[u]] for u in range(len(reps))],
+                params.max_new_tokens,
+            )
+            self._expand(batch, torch.tensor(unique, device=logits.device))
+            logits = logits[batch.rows]
+            batch.rows = torch.arange(len(keys), device=logits.device)
+        else:
+            batch, logits = self._prefill(contexts, chunks, params.max_new_tokens)
         return self._decode(batch, logits, params, stop, generator)
+
+    @staticmethod
+    def _expand(batch: _Batch, index: Tensor) -> None:
+        """Copy batch rows: row ``i`` of the result is row ``index[i]`` before (``rows`` keeps ``index``)."""
+        batch.cache.batch_select_indices(index)
+        batch.mask = batch.mask.index_select(0, index)
+        batch.next_pos = batch.next_pos.index_select(0, index)
+        batch.live = batch.live.index_select(0, index)
+        batch.rows = index
 
     def _forward(self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: DynamicCache) -> Tensor:
         """One model call on ``[b, n]`` ids; returns the last position's logits ``[b, V]``."""

@@ -306,3 +306,39 @@ def test_peft_model() -> None:
     for history, completion in zip(histories, out):
         ref = reference_logprobs(model, history, completion.token_ids)
         assert_close(completion.logprobs, ref)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_shared_prefill_matches_separate_prefill(arch: str) -> None:
+    """A group's identical prompts (and forks reading the same tokens) are prefilled once; the
+    samples, their log-probs and the continued sessions match prefilling every session."""
+    model = make_model(arch)
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, stop_token_ids=(5, 17))
+    gen_ids = torch.Generator().manual_seed(4)
+    task_a, task_b = random_ids(9, gen_ids), random_ids(5, gen_ids)
+    prompts = [task_a, task_a, task_b, task_a, task_b]
+    runs = []
+    for share in (True, False):
+        engine = GenerationEngine(model, pad_token_id=PAD, share_prefill=share)
+        calls = []
+        original = engine._prefill
+        engine._prefill = lambda ctx, chunks, n: calls.append(len(chunks)) or original(ctx, chunks, n)
+        gen = torch.Generator().manual_seed(5)
+        first = engine.generate([None] * 5, prompts, params, gen)
+        parent = first[0].context
+        second = engine.generate(
+            [parent, engine.fork(parent), first[1].context], [[3, 4], [3, 4], [3, 4]], params, gen
+        )
+        runs.append((calls, first, second))
+    (shared_calls, *shared), (plain_calls, *plain) = runs
+    assert shared_calls == [2, 2] and plain_calls == [5, 3]
+    for got, want in zip(shared, plain):
+        assert [c.token_ids for c in got] == [c.token_ids for c in want]
+        for g, w in zip(got, want):
+            assert_close(g.logprobs, w.logprobs)
+            assert g.context.num_tokens == w.context.num_tokens
+    for prompt, completion in zip(prompts, shared[0]):
+        assert_close(completion.logprobs, reference_logprobs(model, prompt, completion.token_ids))
+    history = task_a + shared[0][0].token_ids + [3, 4]
+    for completion in shared[1][:2]:
+        assert_close(completion.logprobs, reference_logprobs(model, history, completion.token_ids))
