@@ -58,18 +58,18 @@ class KLAnchor(Callback):
     @torch.no_grad()
     def reference_logprobs(self, pl_module: LightningModule, batch: dict[str, Any]) -> torch.Tensor:
         policy = pl_module.policy
-        args = (batch["input_ids"], batch["attention_mask"], getattr(pl_module, "temperature", 1.0))
+        temperature = getattr(pl_module, "temperature", 1.0)
         if self._snapshot is not None:
             live, policy.model = policy.model, self._snapshot
             try:
-                return policy.token_logprobs(*args)
+                return policy.batch_logprobs(batch, temperature)
             finally:
                 policy.model = live
         if self.reference == "base":
             with policy.adapters_disabled():
-                return policy.token_logprobs(*args)
+                return policy.batch_logprobs(batch, temperature)
         with policy.role(self.reference):
-            return policy.token_logprobs(*args)
+            return policy.batch_logprobs(batch, temperature)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if not batch:  # an empty step (no learning signal)

@@ -17,7 +17,7 @@ import contextlib
 import copy
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -320,15 +320,34 @@ class AgentPolicy(nn.Module):
     def pad_id(self) -> int:
         return self.tokenizer.pad_token_id
 
-    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """Last-layer hidden states after the final norm. [B, T] -> [B, T, H]."""
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        decoder = self.model.get_decoder()
-        return decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor | None = None) -> Tensor:
+        """Last-layer hidden states after the final norm. [B, T] -> [B, T, H].
 
-    def token_logprobs(self, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0) -> Tensor:
-        """log p(token t | tokens < t) for every position, 0 at t = 0. [B, T] -> [B, T] (fp32)."""
-        hidden = self.hidden_states(input_ids, attention_mask)
+        With ``position_ids`` (packed rows, `collate.collate_packed`) the attention mask is left to
+        the model, which keeps attention within each row where positions restart at 0.
+        """
+        decoder = self.model.get_decoder()
+        if position_ids is not None:
+            return decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        return decoder(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+
+    def token_logprobs(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        temperature: float = 1.0,
+        position_ids: Tensor | None = None,
+        mask: Tensor | None = None,
+    ) -> Tensor:
+        """log p(token t | tokens < t) for every position, 0 at t = 0. [B, T] -> [B, T] (fp32).
+
+        ``position_ids``: packed rows (see `hidden_states`). ``mask``: compute only where True
+        (e.g. the action mask; 0 elsewhere), so the output layer skips prompts and observations.
+        """
+        hidden = self.hidden_states(input_ids, attention_mask, position_ids)
         head = self.model.get_output_embeddings()
         return token_logprobs(
             hidden,
@@ -337,6 +356,14 @@ class AgentPolicy(nn.Module):
             lm_head_bias=head.bias,
             chunk_size=self.logprob_chunk_size,
             temperature=temperature,
+            mask=mask,
+        )
+
+    def batch_logprobs(self, batch: dict[str, Any], temperature: float = 1.0) -> Tensor:
+        """`token_logprobs` of a collated batch (padded or packed), on its action mask only."""
+        return self.token_logprobs(
+            batch["input_ids"], batch["attention_mask"], temperature,
+            position_ids=batch.get("position_ids"), mask=batch["action_mask"],
         )
 
     def num_parameters(self, trainable_only: bool = False) -> int:

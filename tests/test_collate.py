@@ -10,8 +10,11 @@ import torch
 from lit_agents.algorithms.collate import (
     Row,
     batches_by_tokens,
+    collate_packed,
     collate_rows,
     demo_row,
+    pack_rows,
+    packs_by_tokens,
     segments_row,
     session_rows,
 )
@@ -159,3 +162,27 @@ def test_batches_by_tokens_budget_and_coverage() -> None:
     assert batches_by_tokens([], budget) == []
     with pytest.raises(ValueError):
         batches_by_tokens(rows, 0)
+
+
+def test_pack_rows_first_fit_longest_first() -> None:
+    rows = [_row(n) for n in (5, 3, 8, 2, 2, 7, 20)]
+    packs = pack_rows(rows, pack_length=10)
+    # 20 alone (too long); 8 + 2; 7 + 3; 5 + 2
+    assert [[r.num_tokens for r in p] for p in packs] == [[20], [8, 2], [7, 3], [5, 2]]
+    assert sorted(id(r) for p in packs for r in p) == sorted(id(r) for r in rows)
+    batches = packs_by_tokens(rows, max_tokens_per_batch=40)  # pack length 20: 2 packs a batch
+    assert [len(b) for b in batches] == [2, 1] and packs_by_tokens([], 40) == []
+    with pytest.raises(ValueError):
+        pack_rows(rows, 0)
+
+
+def test_collate_packed_positions_restart_per_row() -> None:
+    a, b, c = demo_row([1, 2], [3]), demo_row([4], [5, 6]), demo_row([7, 8, 9], [10])
+    a.meta, b.meta, c.meta = {"i": 0}, {"i": 1}, {"i": 2}
+    batch = collate_packed([[a, b], [c]], pad_id=0, with_meta=True)
+    assert batch["input_ids"].shape == (2, 6)
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 0, 0]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 2], [0, 1, 2, 3, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1] * 6, [1, 1, 1, 1, 0, 0]]
+    assert batch["action_mask"].tolist() == [[False, False, True, False, True, True], [False] * 3 + [True, False, False]]
+    assert [(m["i"], m["pack"], m["offset"]) for m in batch["meta"]] == [(0, 0, 0), (1, 0, 3), (2, 1, 0)]

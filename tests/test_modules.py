@@ -71,13 +71,14 @@ def test_sft_loss_decreases_on_demonstrations(tiny_config, textcraft, tmp_path):
     assert sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3
 
 
-def test_grpo_step_kl_zero_at_start_and_checkpoint(tiny_config, textcraft, tmp_path):
+@pytest.mark.parametrize("packing", [False, True])
+def test_grpo_step_kl_zero_at_start_and_checkpoint(tiny_config, textcraft, tmp_path, packing):
     policy = AgentPolicy(tiny=tiny_config, lora_r=4, lora_targets="all-linear")
     module = GRPOPolicy(policy, lr=1e-2, drop_zero_signal=False)
     # a random reward makes every group carry a learning signal for this test
     module.rollout_advantages = lambda rollouts: torch.linspace(-1, 1, len(rollouts))
     data = RolloutDataModule(textcraft, ReActAgent(max_new_tokens=8), tasks_per_epoch=2, group_size=4,
-                             val_tasks=2, max_tokens_per_batch=100_000)
+                             val_tasks=2, max_tokens_per_batch=100_000, packing=packing)
     kl_seen = []
 
     class Spy(KLAnchor):
@@ -149,3 +150,28 @@ def test_grpo_log_probs_use_the_agents_temperature(tiny_config, textcraft, tmp_p
     _trainer(tmp_path).fit(module, datamodule=data)
     assert module.temperature == 0.7
     assert GRPOPolicy(AgentPolicy(tiny=tiny_config, lora_r=4), temperature=0.5).temperature == 0.5
+
+
+def test_packed_and_padded_epochs_train_the_same_tokens(tiny_config, textcraft, tmp_path):
+    """With packing the epoch covers the same tokens, with no more padding."""
+    seen = {}
+    for packing in (False, True):
+        policy = AgentPolicy(tiny=tiny_config, lora_r=4, lora_targets="all-linear")
+        module = System1SFT(policy, lr=1e-3)
+        data = DemonstrationDataModule(textcraft, demos=12, val_tasks=0, max_tokens_per_batch=1024, packing=packing)
+        batches = []
+        original = module.training_step
+
+        def step(batch, batch_idx, original=original, batches=batches):
+            batches.append((int(batch["action_mask"].sum()), int(batch["attention_mask"].sum()),
+                            batch["input_ids"].numel(), "position_ids" in batch))
+            return original(batch, batch_idx)
+
+        module.training_step = step
+        _trainer(tmp_path, epochs=1).fit(module, datamodule=data)
+        seen[packing] = batches
+    padded, packed = seen[False], seen[True]
+    assert sum(b[0] for b in packed) == sum(b[0] for b in padded) > 0
+    assert sum(b[1] for b in packed) == sum(b[1] for b in padded)
+    assert all(b[3] for b in packed) and not any(b[3] for b in padded)
+    assert sum(b[2] for b in packed) <= sum(b[2] for b in padded)  # no more padding than padded

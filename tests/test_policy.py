@@ -130,3 +130,39 @@ def test_save_pretrained_merges_a_copy_and_keeps_the_adapters(tiny_config, tmp_p
     torch.testing.assert_close(policy.token_logprobs(ids, torch.ones_like(ids)), expected)
     merged = AgentPolicy(model=str(tmp_path / "merged"), finetune="full").eval()
     torch.testing.assert_close(merged.token_logprobs(ids, torch.ones_like(ids)), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
+def test_packed_rows_give_the_same_logprobs_as_padded(arch, tiny_folder, tmp_path):
+    """Rows end to end with restarting positions: attention stays within each row (any of the
+    architectures users bring), and the output layer runs on the action mask only."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from lit_agents.algorithms.collate import collate_packed, collate_rows, demo_row
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder)
+    tokenizer.save_pretrained(tmp_path / "m")
+    common = dict(vocab_size=len(tokenizer), attn_implementation="sdpa")
+    if arch == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, **common))
+    else:
+        config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
+        model = model_cls(config_cls(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, max_position_embeddings=128, **common))
+    model.save_pretrained(tmp_path / "m")
+    policy = AgentPolicy(str(tmp_path / "m"), finetune="full").eval()
+    gen = torch.Generator().manual_seed(1)
+    rows = [demo_row(torch.randint(1, 64, (n,), generator=gen).tolist(), torch.randint(1, 64, (k,), generator=gen).tolist())
+            for n, k in ((5, 3), (2, 6), (9, 1), (3, 3))]
+    padded = collate_rows(rows, pad_id=0)
+    packed = collate_packed([[rows[0], rows[1]], [rows[2], rows[3]]], pad_id=0)
+    with torch.no_grad():
+        want = policy.token_logprobs(padded["input_ids"], padded["attention_mask"])
+        got = policy.batch_logprobs(packed)
+    order = [(0, 0), (0, 8), (1, 0), (1, 10)]  # (pack, offset) of each row
+    for row, (p, offset) in zip(rows, order):
+        n, mask = row.num_tokens, torch.tensor(row.action_mask)
+        i = rows.index(row)
+        torch.testing.assert_close(got[p, offset : offset + n][mask], want[i, :n][mask], atol=1e-5, rtol=1e-5)
+    assert (got[~packed["action_mask"]] == 0).all()

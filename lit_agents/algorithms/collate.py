@@ -3,7 +3,11 @@
 One row per context window (DESIGN.md): an append-only session becomes one ``Row`` holding
 exactly the sampled token ids, with ``action_mask`` True on the generated tokens, the sampler's
 log-probs and the session's advantage on those tokens. Supervised demonstrations are rows too,
-with ``action_mask`` on the target tokens. ``collate_rows`` pads rows into tensors.
+with ``action_mask`` on the target tokens. ``collate_rows`` pads rows into tensors;
+``batches_by_tokens`` groups rows of similar length under a token budget. ``pack_rows`` and
+``collate_packed`` instead put several rows end to end in one sequence with positions restarting
+at each row, which Hugging Face models turn into attention kept within each row (varlen kernels
+under flash attention; a block-diagonal mask otherwise).
 
 Alignment: index ``t`` of every per-token list or tensor describes token ``t``. The loss at token
 ``t`` uses ``log p(token_t | tokens_<t)``, which ``losses.token_logprobs`` places at index ``t``.
@@ -29,6 +33,9 @@ __all__ = [
     "transition_rows",
     "collate_rows",
     "batches_by_tokens",
+    "pack_rows",
+    "packs_by_tokens",
+    "collate_packed",
 ]
 
 
@@ -288,3 +295,75 @@ def batches_by_tokens(rows: list[Row], max_tokens_per_batch: int) -> list[list[R
     if current:
         batches.append(current)
     return batches
+
+
+def pack_rows(rows: list[Row], pack_length: int) -> list[list[Row]]:
+    """Put rows end to end into packs of at most ``pack_length`` tokens (first fit, longest first).
+
+    A row longer than ``pack_length`` gets a pack of its own. Deterministic; every row appears
+    exactly once, and each pack lists its rows in the order they sit in the sequence.
+    """
+    if pack_length < 1:
+        raise ValueError(f"pack_length must be positive, got {pack_length}")
+    packs: list[list[Row]] = []
+    room: list[int] = []
+    for i in sorted(range(len(rows)), key=lambda i: (-rows[i].num_tokens, i)):
+        n = rows[i].num_tokens
+        slot = next((j for j, free in enumerate(room) if free >= n), None)
+        if slot is None:
+            packs.append([rows[i]])
+            room.append(max(pack_length - n, 0))
+        else:
+            packs[slot].append(rows[i])
+            room[slot] -= n
+    return packs
+
+
+def packs_by_tokens(rows: list[Row], max_tokens_per_batch: int, pack_length: int | None = None) -> list[list[list[Row]]]:
+    """Pack rows (`pack_rows`) and group the packs into batches of ``max_tokens_per_batch`` tokens.
+
+    Args:
+        rows: the rows.
+        max_tokens_per_batch: budget on ``packs_per_batch * pack_length``.
+        pack_length: tokens per pack; ``None`` = the longest row. Attention runs over whole packs,
+            so without a varlen kernel (flash attention) its cost grows with the pack length.
+
+    Returns:
+        The batches, each a list of packs.
+    """
+    if not rows:
+        return []
+    length = pack_length or max(row.num_tokens for row in rows)
+    packs = pack_rows(rows, length)
+    per_batch = max(1, max_tokens_per_batch // length)
+    return [packs[i : i + per_batch] for i in range(0, len(packs), per_batch)]
+
+
+def collate_packed(packs: list[list[Row]], pad_id: int, with_meta: bool = False) -> dict[str, Tensor]:
+    """Collate packs (lists of rows put end to end) into a batch.
+
+    Returns the tensors of `collate_rows`, one sequence per pack, plus ``position_ids [P, T]``:
+    positions restart at 0 at each row (pads at the end of a pack get 0), which is what tells a
+    Hugging Face model to keep attention within each row. With ``with_meta``, ``meta`` holds one
+    dict per row with ``pack`` and ``offset`` (where the row starts) added.
+    """
+    flat = [Row(
+        input_ids=[t for row in pack for t in row.input_ids],
+        action_mask=[m for row in pack for m in row.action_mask],
+        old_logprobs=[lp for row in pack for lp in row.old_logprobs],
+        advantages=[a for row in pack for a in row.advantages],
+    ) for pack in packs]
+    batch = collate_rows(flat, pad_id)
+    positions = torch.zeros_like(batch["input_ids"])
+    for p, pack in enumerate(packs):
+        offset = 0
+        for row in pack:
+            positions[p, offset : offset + row.num_tokens] = torch.arange(row.num_tokens)
+            offset += row.num_tokens
+    batch["position_ids"] = positions
+    if with_meta:
+        batch["meta"] = [
+            {**row.meta, "pack": p, "offset": sum(r.num_tokens for r in pack[:k])}
+            for p, pack in enumerate(packs) for k, row in enumerate(pack)
+        ]
+    return batch

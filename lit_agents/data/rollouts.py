@@ -28,7 +28,9 @@ from lit_agents.agents.react import ReActAgent
 from lit_agents.algorithms.collate import (
     Row,
     batches_by_tokens,
+    collate_packed,
     collate_rows,
+    packs_by_tokens,
 )
 from lit_agents.data.demos import expert_episodes, read_episodes, write_episodes
 from lit_agents.envs.base import Split, Task, TextEnv
@@ -36,17 +38,23 @@ from lit_agents.types import Rollout
 
 
 class _Batches(IterableDataset):
-    """A fixed list of collated batches (an IterableDataset so no sampler is injected)."""
+    """A fixed list of batches (an IterableDataset so no sampler is injected), collated when
+    iterated: a batch is a list of rows (padded) or a list of packs (lists of rows)."""
 
-    def __init__(self, batches: list[list[Row]], pad_id: int) -> None:
+    def __init__(self, batches: list[list], pad_id: int) -> None:
         self.batches, self.pad_id = batches, pad_id
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        for rows in self.batches:
-            yield collate_rows(rows, self.pad_id, with_meta=True) if rows else {}  # {}: nothing to learn this step
+        for items in self.batches:
+            if not items:
+                yield {}  # nothing to learn this step
+            elif isinstance(items[0], list):
+                yield collate_packed(items, self.pad_id, with_meta=True)
+            else:
+                yield collate_rows(items, self.pad_id, with_meta=True)
 
 
 class _LazyRollouts(IterableDataset):
@@ -78,6 +86,10 @@ class AgentDataModule(LightningDataModule):
         seed: seed for task sampling and rollouts.
         save_rollouts: also write every rollout played to ``<log_dir>/rollouts/*.jsonl``.
     """
+
+    packing = False  # training data modules set these (`token_batches`)
+    pack_length: int | None = None
+    max_tokens_per_batch = 8192
 
     def __init__(
         self,
@@ -148,7 +160,17 @@ class AgentDataModule(LightningDataModule):
         tasks = self.rank_share(self.held_out_tasks())
         return DataLoader(_LazyRollouts(self, tasks, self.val_chunk), batch_size=None, collate_fn=_identity)
 
-    def _loader(self, batches: list[list[Row]]) -> DataLoader:
+    def token_batches(self, rows: list[Row]) -> list[list]:
+        """Training batches of ``max_tokens_per_batch`` tokens: rows of similar length padded
+        together, or with ``packing`` rows put end to end (`collate.packs_by_tokens`)."""
+        if not self.packing:
+            return batches_by_tokens(rows, self.max_tokens_per_batch)
+        module = self.trainer.lightning_module
+        if not getattr(module, "supports_packing", True):
+            raise ValueError(f"{type(module).__name__} trains on padded rows only: set data packing: false")
+        return packs_by_tokens(rows, self.max_tokens_per_batch, self.pack_length)
+
+    def _loader(self, batches: list[list]) -> DataLoader:
         pad_id = self.trainer.lightning_module.policy.pad_id
         return DataLoader(_Batches(batches, pad_id), batch_size=None)
 
@@ -166,6 +188,11 @@ class RolloutDataModule(AgentDataModule):
         max_tokens_per_batch: token budget of one optimizer batch (rows are grouped greedily).
         update_epochs: passes over the epoch's rows (PPO epochs); the first is on-policy.
         split: task split to train on.
+        packing: put rows end to end in packs instead of padding them (`collate.packs_by_tokens`):
+            no compute on padding, attention kept within each row. Fastest with flash attention
+            (varlen); with sdpa/eager attention spans whole packs, and on CPU length-sorted padding
+            (the default) is faster (docs/results.md).
+        pack_length: tokens per pack; ``None`` = the longest row of the epoch.
         **kwargs: see `AgentDataModule`.
     """
 
@@ -184,8 +211,11 @@ class RolloutDataModule(AgentDataModule):
         seed: int = 0,
         save_rollouts: bool = False,
         val_split: Split = "test",
+        packing: bool = False,
+        pack_length: int | None = None,
     ) -> None:
         super().__init__(env, agent, val_tasks, val_greedy, val_chunk, seed, save_rollouts, val_split)
+        self.packing, self.pack_length = packing, pack_length
         self.tasks_per_epoch = tasks_per_epoch
         self.group_size = group_size
         self.max_tokens_per_batch = max_tokens_per_batch
@@ -221,7 +251,7 @@ class RolloutDataModule(AgentDataModule):
         batches: list[list[Row]] = []
         rng = random.Random(self.seed * 31 + epoch)
         for _ in range(self.update_epochs):
-            passes = batches_by_tokens(rows, self.max_tokens_per_batch)
+            passes = self.token_batches(rows)
             rng.shuffle(passes)
             batches += passes
         # an epoch without learning signal (every group solved or every group failed) still
@@ -243,6 +273,7 @@ class DemonstrationDataModule(AgentDataModule):
             ``expert_episode(env, task, epsilon, seed)``, e.g. `HierarchicalAgent`): offline RL
             data with something to choose between. Their failures are kept.
         epsilon: the noisy expert's chance of a random action per step.
+        packing, pack_length: see `RolloutDataModule`.
         **kwargs: see `AgentDataModule`.
     """
 
@@ -260,8 +291,11 @@ class DemonstrationDataModule(AgentDataModule):
         val_split: Split = "test",
         noisy: float = 0.0,
         epsilon: float = 0.3,
+        packing: bool = False,
+        pack_length: int | None = None,
     ) -> None:
         super().__init__(env, agent, val_tasks, val_greedy, val_chunk, seed, val_split=val_split)
+        self.packing, self.pack_length = packing, pack_length
         if not 0.0 <= noisy <= 1.0 or not 0.0 <= epsilon <= 1.0:
             raise ValueError(f"noisy and epsilon must be in [0, 1], got {noisy}, {epsilon}")
         if noisy and not hasattr(self.agent, "expert_episode"):
@@ -310,6 +344,6 @@ class DemonstrationDataModule(AgentDataModule):
     def train_dataloader(self) -> DataLoader:
         rows = list(self.rows)
         random.Random(self.seed * 31 + self.trainer.current_epoch).shuffle(rows)
-        batches = batches_by_tokens(rows, self.max_tokens_per_batch)
+        batches = self.token_batches(rows)
         random.Random(self.seed * 17 + self.trainer.current_epoch).shuffle(batches)
         return self._loader(batches)

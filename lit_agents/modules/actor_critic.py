@@ -84,6 +84,8 @@ class System2ActorCritic(AgentModule):
         weight_decay: AdamW weight decay of the actor.
     """
 
+    supports_packing = False  # transitions are read per row from meta spans
+
     def __init__(
         self,
         policy: AgentPolicy,

@@ -38,6 +38,9 @@ class AgentModule(LightningModule):
             over the run's optimizer steps (``"cosine"``).
     """
 
+    #: whether the data module may pack rows end to end (`collate.collate_packed`) for this module
+    supports_packing = True
+
     def __init__(
         self,
         policy: AgentPolicy,

@@ -104,7 +104,7 @@ class GRPOPolicy(AgentModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
         if not batch:  # no group with a learning signal this epoch: skip the update
             return None
-        logp = self.policy.token_logprobs(batch["input_ids"], batch["attention_mask"], self.temperature)
+        logp = self.policy.batch_logprobs(batch, self.temperature)
         mask = batch["action_mask"]
         out = self.policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask)
         loss = out.loss

@@ -55,7 +55,7 @@ class System1SFT(AgentModule):
         return rows if self.role is None else [r for r in rows if r.role == self.role]
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        logp = self.policy.token_logprobs(batch["input_ids"], batch["attention_mask"])
+        logp = self.policy.batch_logprobs(batch)
         out = sft_loss(logp, batch["action_mask"])
         tokens = batch["action_mask"].sum()
         self.log("train/loss", out.loss, prog_bar=True, batch_size=len(logp))
