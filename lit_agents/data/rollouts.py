@@ -135,7 +135,8 @@ class AgentDataModule(LightningDataModule):
         was_training = policy.training
         policy.eval()
         try:
-            with torch.no_grad():
+            # rollouts run under the trainer's precision (bf16-mixed: autocast), as training does
+            with torch.no_grad(), self.trainer.precision_plugin.forward_context():
                 rollouts = self.agent.run(
                     policy, self.env, tasks, group_size, greedy=greedy,
                     seed=self.seed * 1_000_003 + seed, group_offset=group_offset,
