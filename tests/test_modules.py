@@ -175,3 +175,30 @@ def test_packed_and_padded_epochs_train_the_same_tokens(tiny_config, textcraft, 
     assert sum(b[1] for b in packed) == sum(b[1] for b in padded)
     assert all(b[3] for b in packed) and not any(b[3] for b in padded)
     assert sum(b[2] for b in packed) <= sum(b[2] for b in padded)  # no more padding than padded
+
+
+def test_bf16_mixed_rollouts_match_training_numerics(tiny_config, textcraft, tmp_path):
+    """Under `precision="bf16-mixed"` rollouts run in the same autocast as training, so the
+    sampler's log-probs serve as old log-probs (the first ratio is ~1)."""
+    policy = AgentPolicy(tiny=tiny_config, lora_r=4)
+    module = GRPOPolicy(policy, lr=1e-3, drop_zero_signal=False)
+    module.rollout_advantages = lambda rollouts: torch.linspace(-1, 1, len(rollouts))
+    data = RolloutDataModule(textcraft, ReActAgent(max_new_tokens=8, max_steps=2), tasks_per_epoch=2, group_size=2,
+                             val_tasks=0, max_tokens_per_batch=100_000)
+    gaps = []
+    original = module.training_step
+
+    def step(batch, batch_idx):
+        with torch.no_grad():
+            logp = module.policy.batch_logprobs(batch, module.temperature)
+        mask = batch["action_mask"]
+        gaps.append((logp[mask] - batch["old_logprobs"][mask]).abs().max().item())
+        assert torch.is_autocast_enabled("cpu")
+        return original(batch, batch_idx)
+
+    module.training_step = step
+    trainer = Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, precision="bf16-mixed",
+                      num_sanity_val_steps=0, default_root_dir=tmp_path)
+    trainer.fit(module, datamodule=data)
+    assert gaps and gaps[0] < 2e-3  # fp32 rollouts against bf16 training: ~3e-3 here
