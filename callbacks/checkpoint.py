@@ -50,9 +50,16 @@ class LoRACheckpoint(Callback):
         self.roles = roles
         self.best_score: float | None = None
         self.best_epoch: int | None = None
+        self._folder: Path | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # `trainer.log_dir` is a collective under DDP: resolve it on every rank, here
+        self._folder = Path(self.dirpath or Path(trainer.log_dir or trainer.default_root_dir) / "adapters")
 
     def folder(self, trainer: Trainer) -> Path:
-        return Path(self.dirpath or Path(trainer.log_dir or trainer.default_root_dir) / "adapters")
+        if self._folder is None:
+            self.setup(trainer, trainer.lightning_module, "fit")
+        return self._folder
 
     def save(self, pl_module: LightningModule, target: Path) -> Path:
         """Write the policy's adapters (or whole model) to ``target`` atomically."""
@@ -64,8 +71,12 @@ class LoRACheckpoint(Callback):
                 policy.save_role(role, tmp)
         else:
             policy.save_pretrained(tmp / "model")
-        shutil.rmtree(target, ignore_errors=True)
+        old = target.with_name(target.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if target.exists():
+            target.rename(old)
         tmp.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
         return target
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -72,13 +72,13 @@ class KLAnchor(Callback):
             return policy.batch_logprobs(batch, temperature)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if not batch:  # an empty step (no learning signal)
+        if not batch or batch.get("pad_step"):  # an empty step (no learning signal)
             return
         batch["ref_logprobs"] = self.reference_logprobs(pl_module, batch)
         pl_module.kl_coef = self.coef
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if not self.adaptive or not batch:
+        if not self.adaptive or not batch or batch.get("pad_step"):
             return
         kl = trainer.callback_metrics.get("train/kl")
         if kl is None:

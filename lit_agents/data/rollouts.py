@@ -37,6 +37,10 @@ from lit_agents.envs.base import Split, Task, TextEnv
 from lit_agents.types import Rollout
 
 
+#: a batch a rank plays when it has fewer batches than another rank (DDP steps in lock-step)
+PAD_STEP: list = []
+
+
 class _Batches(IterableDataset):
     """A fixed list of batches (an IterableDataset so no sampler is injected), collated when
     iterated: a batch is a list of rows (padded) or a list of packs (lists of rows)."""
@@ -49,8 +53,10 @@ class _Batches(IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         for items in self.batches:
-            if not items:
-                yield {}  # nothing to learn this step
+            if items is PAD_STEP:
+                yield {"pad_step": True}  # this rank has no rows left; the other ranks still step
+            elif not items:
+                yield {}  # nothing to learn this step, on any rank
             elif isinstance(items[0], list):
                 yield collate_packed(items, self.pad_id, with_meta=True)
             else:
@@ -172,6 +178,17 @@ class AgentDataModule(LightningDataModule):
         return packs_by_tokens(rows, self.max_tokens_per_batch, self.pack_length)
 
     def _loader(self, batches: list[list]) -> DataLoader:
+        """Serve the batches; under DDP every rank serves the same number (the most any rank
+        has: a rank with fewer adds ``pad_step`` batches, on which modules take a zero-gradient
+        step so gradient all-reduces stay matched). No rank with rows: one empty batch each."""
+        batches = [b for b in batches if b]
+        count = len(batches)
+        if self.world[1] > 1:
+            count = int(self.trainer.strategy.reduce(torch.tensor(count, device=self.trainer.strategy.root_device), reduce_op="max"))
+        if count == 0:
+            batches = [[]]  # an empty loader would make Lightning stop fitting
+        else:
+            batches = batches + [PAD_STEP] * (count - len(batches))
         pad_id = self.trainer.lightning_module.policy.pad_id
         return DataLoader(_Batches(batches, pad_id), batch_size=None)
 
@@ -255,9 +272,9 @@ class RolloutDataModule(AgentDataModule):
             passes = self.token_batches(rows)
             rng.shuffle(passes)
             batches += passes
-        # an epoch without learning signal (every group solved or every group failed) still
-        # yields one empty batch: an empty loader would make Lightning stop fitting
-        return self._loader(batches or [[]])
+        # an epoch without learning signal (every group solved or every group failed) yields one
+        # empty batch (`_loader`)
+        return self._loader(batches)
 
 
 class DemonstrationDataModule(AgentDataModule):

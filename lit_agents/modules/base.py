@@ -16,6 +16,7 @@ import math
 from typing import Any, Literal
 
 import torch
+from torch import Tensor
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import grad_norm
 from torchmetrics import MeanMetric
@@ -107,6 +108,11 @@ class AgentModule(LightningModule):
         self.log_dict(stats, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(rollouts))
 
     # ------------------------------------------------------------------ optimisation
+    def zero_loss(self) -> Tensor:
+        """A loss of 0 that reaches every trainable parameter: the step a rank takes on a
+        ``pad_step`` batch under DDP, so its gradient all-reduce matches the other ranks'."""
+        return sum((p.sum() * 0.0 for p in self.parameters() if p.requires_grad), torch.zeros((), device=self.device))
+
     def configure_optimizers(self) -> Any:
         params = [p for p in self.policy.parameters() if p.requires_grad]
         if not params:

@@ -102,7 +102,9 @@ class GRPOPolicy(AgentModule):
         return session_rows(rollouts, per_session, self.hparams.max_row_tokens)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
-        if not batch:  # no group with a learning signal this epoch: skip the update
+        if batch.get("pad_step"):  # DDP: this rank has no rows left this epoch
+            return self.zero_loss()
+        if not batch:  # no group with a learning signal this epoch, on any rank: skip the update
             return None
         logp = self.policy.batch_logprobs(batch, self.temperature)
         mask = batch["action_mask"]

@@ -54,7 +54,11 @@ class System1SFT(AgentModule):
         rows = super().demonstration_rows(rollouts)
         return rows if self.role is None else [r for r in rows if r.role == self.role]
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
+        if batch.get("pad_step"):  # DDP: this rank has no rows left this epoch
+            return self.zero_loss()
+        if not batch:
+            return None
         logp = self.policy.batch_logprobs(batch)
         out = sft_loss(logp, batch["action_mask"])
         tokens = batch["action_mask"].sum()
