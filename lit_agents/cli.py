@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import sys
 
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from lit_agents.checkpointing import find_last_checkpoint
 
 from lit_agents.modules.base import AgentModule
 
@@ -34,6 +38,7 @@ class AgentsCLI(LightningCLI):
                 "default_root_dir": "runs",
                 "reload_dataloaders_every_n_epochs": 1,
                 "num_sanity_val_steps": 0,
+                "plugins": {"class_path": "lit_agents.checkpointing.AtomicCheckpointIO"},
                 "logger": {
                     "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                     "init_args": {"save_dir": "runs"},
@@ -41,6 +46,40 @@ class AgentsCLI(LightningCLI):
             },
         )
         super().__init__(AgentModule, *args, **kwargs)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        # a resumable checkpoint every epoch (`last.ckpt`, written atomically), configurable
+        # under `checkpoint:`; adapters for deployment come from `LoRACheckpoint`
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_on_train_epoch_end": True})
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config.get(self.subcommand) if self.subcommand else None
+        if config is None:
+            return
+        if self.subcommand == "fit" and config.get("ckpt_path") == "last" and not config["checkpoint"].get("dirpath"):
+            self._resume_last_run(config)
+
+    @staticmethod
+    def _resume_last_run(config) -> None:
+        """``--ckpt_path last``: the newest ``last.ckpt`` among this logger's runs, logging on
+        into the same version folder (Lightning alone would look in a fresh version folder)."""
+        logger = config["trainer"].get("logger")
+        init = getattr(logger, "init_args", None) if logger is not None else None
+        if init is None or "save_dir" not in init:
+            return  # not a TensorBoard/CSV-style logger: Lightning's own resolution
+        found = find_last_checkpoint(init["save_dir"], init.get("name", "lightning_logs"))
+        if found is None:
+            rank_zero_warn(
+                f"--ckpt_path last: no last.ckpt under {init['save_dir']}/{init.get('name', 'lightning_logs')}/"
+                "*/checkpoints; training from scratch"
+            )
+            config["ckpt_path"] = None
+            return
+        path, version = found
+        init["version"] = version
+        config["ckpt_path"] = str(path)
+        rank_zero_info(f"resuming from {path}")
 
 
 def main(argv: list[str] | None = None) -> None:

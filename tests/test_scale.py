@@ -10,13 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def run_script(args: list[str], cwd: Path, timeout: float = 400) -> subprocess.CompletedProcess:
     """Run a script in its own process group; on timeout kill the whole group (DDP children too)."""
-    env = {**os.environ, "HANG_DUMP_S": str(timeout - 20), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "HANG_DUMP_S": str(timeout - 20), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPTS)}
     proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -44,3 +45,84 @@ def test_ddp_two_cpu_processes_stay_in_sync(kind, tmp_path):
             assert epoch0 and epoch1 and not set(epoch0) & set(epoch1)  # distinct tasks per rank
         assert ranks[0]["pad_steps"] + ranks[1]["pad_steps"] > 0  # unequal batch counts happened
     assert (tmp_path / "adapters" / "last" / "default" / "adapter_config.json").exists()
+
+
+def _fit_args(save_dir: Path, epochs: int = 4) -> list[str]:
+    config = Path(__file__).parents[1] / "configs" / "quickstart_rl.yaml"
+    return ["-m", "lit_agents.cli", "fit", "-c", str(config), f"--trainer.max_epochs={epochs}",
+            "--trainer.enable_progress_bar=false", "--trainer.check_val_every_n_epoch=100",
+            f"--trainer.default_root_dir={save_dir}", f"--trainer.logger.init_args.save_dir={save_dir}",
+            "--model.init_args.policy.init_args.model=tiny", "--model.init_args.lr=1e-2",
+            "--model.init_args.policy.init_args.tiny.hidden_size=32",
+            "--model.init_args.policy.init_args.tiny.num_layers=1",
+            "--model.init_args.policy.init_args.tiny.intermediate_size=64",
+            "--model.init_args.policy.init_args.tiny.num_heads=2",
+            "--model.init_args.policy.init_args.tiny.num_kv_heads=1",
+            "--model.init_args.drop_zero_signal=false",
+            "--model.init_args.advantage=signals_for_tests.spread_advantages",
+            "--data.init_args.tasks_per_epoch=4", "--data.init_args.group_size=2", "--data.init_args.val_tasks=2",
+            "--data.init_args.max_tokens_per_batch=200",
+            "--data.init_args.agent.init_args.max_new_tokens=8", "--data.init_args.agent.init_args.max_steps=2"]
+
+
+def _adapter(save_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    files = sorted(save_dir.glob("quickstart_rl/version_*/adapters/last/default/adapter_model.safetensors"))
+    assert len(files) == 1, files
+    return load_file(files[0])
+
+
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
+    """SIGKILL a run during its third epoch, resume it with `--ckpt_path last`: it continues in
+    the same log folder from the last epoch's checkpoint (written atomically) and ends with the
+    same adapter weights as a run that was never interrupted."""
+    import time
+
+    whole = run_script(_fit_args(tmp_path / "whole"), cwd=tmp_path)
+    assert whole.returncode == 0, whole.stdout[-4000:]
+
+    killed_dir = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPTS)}
+    proc = subprocess.Popen([sys.executable, *_fit_args(killed_dir)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    checkpoints = killed_dir / "quickstart_rl" / "version_0" / "checkpoints"
+    deadline = time.time() + 300
+    while not list(checkpoints.glob("epoch=1-*.ckpt")) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (checkpoints / "last.ckpt").exists() and not list(checkpoints.glob("epoch=3-*.ckpt")), "killed too late"
+
+    resumed = run_script([*_fit_args(killed_dir), "--ckpt_path", "last"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    assert "resuming from" in resumed.stdout
+    assert not (killed_dir / "quickstart_rl" / "version_1").exists()  # same run folder
+    want, got = _adapter(tmp_path / "whole"), _adapter(killed_dir)
+    assert want.keys() == got.keys()
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+    assert any("lora_B" in name and want[name].abs().sum() > 0 for name in want)  # it did train
+
+
+def test_corrupt_and_mismatched_checkpoints_name_the_file(tmp_path, monkeypatch):
+    from lit_agents.cli import AgentsCLI
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+
+    def cli(save_dir: Path, *extra: str) -> AgentsCLI:
+        return AgentsCLI(args=[*_fit_args(save_dir, epochs=1)[3:], *extra], run=False)
+
+    first = cli(tmp_path / "a")
+    first.trainer.fit(first.model, datamodule=first.datamodule)
+    good = next((tmp_path / "a").glob("quickstart_rl/version_0/checkpoints/last.ckpt"))
+
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])  # a half-written file
+    second = cli(tmp_path / "b")
+    with pytest.raises(RuntimeError, match="bad.ckpt"):
+        second.trainer.fit(second.model, datamodule=second.datamodule, ckpt_path=str(bad))
+
+    other = cli(tmp_path / "c", "--model.init_args.policy.init_args.lora_r=4")  # the config says 32
+    with pytest.raises(ValueError, match=r"last\.ckpt does not match .*shape mismatch"):
+        other.trainer.fit(other.model, datamodule=other.datamodule, ckpt_path=str(good))

@@ -260,8 +260,14 @@ class System2ActorCritic(AgentModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
         checkpoint["replay_buffer"] = [(r.input_ids, r.action_mask, r.role, r.meta) for r in self.buffer]
+        checkpoint["critic_batches"] = self._batches
+        checkpoint["buffer_rng"] = self._rng.getstate()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self._batches = checkpoint.get("critic_batches", self._batches)
+        if "buffer_rng" in checkpoint:
+            self._rng.setstate(checkpoint["buffer_rng"])
         rows = checkpoint.get("replay_buffer", [])
         self.buffer = [Row(ids, mask, [0.0] * len(ids), [0.0] * len(ids), role, meta) for ids, mask, role, meta in rows]
 

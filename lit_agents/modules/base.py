@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+import random
 from typing import Any, Literal
 
 import torch
@@ -144,3 +145,27 @@ class AgentModule(LightningModule):
         checkpoint["state_dict"] = {
             k: v for k, v in checkpoint["state_dict"].items() if k in trainable or not k.startswith("policy.")
         }
+        checkpoint["rng_states"] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Check the checkpoint holds exactly this policy's trainable tensors (loading is
+        non-strict because frozen ones are left out), then restore the random states."""
+        source = checkpoint.get("lit_agents_path", "the checkpoint")
+        state = checkpoint.get("state_dict", {})
+        params = dict(self.policy.named_parameters())
+        wanted = {f"policy.{n}": p for n, p in params.items() if p.requires_grad}
+        missing = sorted(set(wanted) - set(state))
+        unknown = sorted(k for k in state if k.startswith("policy.") and k[len("policy.") :] not in params)
+        shapes = [f"{k}: {tuple(state[k].shape)} in the file, {tuple(p.shape)} here"
+                  for k, p in wanted.items() if k in state and state[k].shape != p.shape]
+        if missing or unknown or shapes:
+            details = "; ".join(filter(None, [
+                f"missing {len(missing)} trainable tensors, e.g. {missing[:3]}" if missing else "",
+                f"{len(unknown)} tensors this policy does not have, e.g. {unknown[:3]}" if unknown else "",
+                f"shape mismatch: {shapes[:3]}" if shapes else "",
+            ]))
+            raise ValueError(f"{source} does not match this model/adapter configuration: {details}")
+        rng = checkpoint.get("rng_states")
+        if rng:
+            torch.set_rng_state(rng["torch"])
+            random.setstate(rng["python"])
