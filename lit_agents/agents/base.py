@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_agents.generation import GenerationEngine, SamplingParams
 
@@ -39,6 +40,26 @@ class Agent(ABC):
         engine = GenerationEngine(policy.model, pad_token_id=policy.pad_id, tokenizer=policy.tokenizer,
                                   show_progress=self.show_progress)
         return engine, torch.Generator(device=device).manual_seed(seed)
+
+    @staticmethod
+    def context_limit(policy: AgentPolicy, limit: int | None = None) -> int:
+        """Tokens a session may hold: ``limit`` capped by the model's position limit."""
+        config = policy.model.config
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        caps = [c for c in (limit, positions) if c]
+        return min(caps) if caps else 1 << 30
+
+    @staticmethod
+    def fit_prompt(ids: list[int], budget: int) -> list[int]:
+        """A prompt cut to ``budget`` tokens by rule: keep its first and last halves (the task
+        and instructions open a prompt, the latest observation closes it); unchanged if it fits."""
+        if len(ids) <= budget:
+            return ids
+        budget = max(budget, 2)
+        head = budget // 2
+        rank_zero_warn(f"a prompt of {len(ids)} tokens was cut to {budget} (its middle dropped) to fit the context")
+        return ids[:head] + ids[len(ids) - (budget - head) :]
 
     @abstractmethod
     def run(self, policy: AgentPolicy, env: TextEnv, tasks: list[Task], group_size: int = 1, *,

@@ -109,9 +109,16 @@ class ReActAgent(Agent):
         return [self._finish(e) for e in episodes]
 
     def _start(self, policy: AgentPolicy, env: TextEnv, task: Task, group_id: int) -> _Episode:
-        state, observation = env.reset(task)
+        try:
+            state, observation = env.reset(task)
+        except Exception as err:  # an env bug fails this episode only, never the run
+            rank_zero_warn(f"environment error resetting {task.task_id}: {err!r}")
+            episode = _Episode(task, group_id, None, [], "", done=True, reason="env_error")
+            episode.session.meta["error"] = repr(err)
+            return episode
         system = env.instructions if self.system_prompt is None else self.system_prompt
-        prompt = policy.chat.start(system, observation)
+        budget = self.context_limit(policy, self.max_context_tokens) - self.max_new_tokens
+        prompt = self.fit_prompt(policy.chat.start(system, observation), budget)
         return _Episode(task, group_id, state, prompt, observation)
 
     def _advance(self, policy, env: TextEnv, episode: _Episode, completion, role: str, version: int) -> None:
@@ -147,7 +154,9 @@ class ReActAgent(Agent):
             episode.done, episode.reason = True, "success" if episode.success else "done"
         elif episode.steps >= max_steps:
             episode.done, episode.reason = True, "max_steps"
-        elif episode.session.num_tokens + len(episode.pending) + self.max_new_tokens > self.max_context_tokens:
+        elif episode.session.num_tokens + len(episode.pending) + self.max_new_tokens > self.context_limit(
+            policy, self.max_context_tokens
+        ):
             episode.done, episode.reason = True, "context"
 
     @staticmethod

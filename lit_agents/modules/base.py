@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import grad_norm
+from lightning.pytorch.utilities import grad_norm, rank_zero_warn
 from torchmetrics import MeanMetric
 
 from lit_agents.algorithms.advantages import zero_signal_fraction
@@ -55,6 +55,7 @@ class AgentModule(LightningModule):
         self.save_hyperparameters(ignore=["policy"])
         self.policy = policy
         self.strict_loading = False  # checkpoints hold trainable tensors only
+        self.skipped_steps = 0  # optimizer steps skipped for non-finite gradients
         self.val_metrics = torch.nn.ModuleDict(
             {name: MeanMetric() for name in ("success", "reward", "steps", "generated_tokens")}
         )
@@ -135,6 +136,21 @@ class AgentModule(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_before_optimizer_step(self, optimizer) -> None:
+        """Skip a step whose gradients hold NaN/inf (a NaN loss gives them too): the gradients
+        are dropped, so the optimizer leaves every parameter and its state alone. Under DDP the
+        gradients are already all-reduced, so every rank skips the same step."""
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        finite = torch.stack([g.isfinite().all() for g in grads]).all() if grads else torch.tensor(True)
+        if not bool(finite):
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+            self.skipped_steps += 1
+            rank_zero_warn(f"non-finite loss or gradients at step {self.global_step}: step skipped "
+                           f"({self.skipped_steps} so far; diag/skipped_steps)")
+        self.log("diag/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+        if not bool(finite):
+            return
         norms = grad_norm(self.policy, norm_type=2)
         if "grad_2.0_norm_total" in norms:
             self.log("diag/grad_norm", norms["grad_2.0_norm_total"], on_step=True, on_epoch=False)
@@ -146,6 +162,7 @@ class AgentModule(LightningModule):
             k: v for k, v in checkpoint["state_dict"].items() if k in trainable or not k.startswith("policy.")
         }
         checkpoint["rng_states"] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        checkpoint["skipped_steps"] = self.skipped_steps
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Check the checkpoint holds exactly this policy's trainable tensors (loading is
@@ -165,6 +182,7 @@ class AgentModule(LightningModule):
                 f"shape mismatch: {shapes[:3]}" if shapes else "",
             ]))
             raise ValueError(f"{source} does not match this model/adapter configuration: {details}")
+        self.skipped_steps = checkpoint.get("skipped_steps", 0)
         rng = checkpoint.get("rng_states")
         if rng:
             torch.set_rng_state(rng["torch"])
