@@ -10,7 +10,7 @@ loadable as ``model: <folder>/model`` in a config. Layout under ``dirpath``::
     last/<role>/         after every epoch and at the end of fitting
 
 Folders are written to a temporary name and renamed, so a crash never leaves half an adapter.
-Only global rank 0 writes.
+Only global rank 0 writes; under FSDP every rank gathers the whole parameters first.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
+
+from lit_agents.strategies import full_parameters
 
 
 class LoRACheckpoint(Callback):
@@ -79,29 +81,36 @@ class LoRACheckpoint(Callback):
         shutil.rmtree(old, ignore_errors=True)
         return target
 
+    def _save_everywhere(self, trainer: Trainer, pl_module: LightningModule, name: str) -> Path:
+        """Save on rank 0, with whole parameters gathered on every rank (FSDP), then wait."""
+        target = self.folder(trainer) / name
+        with full_parameters(trainer):
+            if trainer.is_global_zero:
+                self.save(pl_module, target)
+        trainer.strategy.barrier("lora_checkpoint")
+        return target
+
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        score = trainer.callback_metrics.get(self.monitor)
-        if trainer.sanity_checking or score is None or not trainer.is_global_zero or trainer.state.fn != "fit":
+        score = trainer.callback_metrics.get(self.monitor)  # synced: every rank decides alike
+        if trainer.sanity_checking or score is None or trainer.state.fn != "fit":
             return
         score = float(score)
         better = self.best_score is None or (score > self.best_score if self.mode == "max" else score < self.best_score)
         if better:
             self.best_score, self.best_epoch = score, trainer.current_epoch
-            target = self.save(pl_module, self.folder(trainer) / "best")
-            (target / "best.json").write_text(json.dumps({self.monitor: score, "epoch": trainer.current_epoch}))
+            target = self._save_everywhere(trainer, pl_module, "best")
+            if trainer.is_global_zero:
+                (target / "best.json").write_text(json.dumps({self.monitor: score, "epoch": trainer.current_epoch}))
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not trainer.is_global_zero:
-            return
         epoch = trainer.current_epoch
         if self.every_n_epochs and (epoch + 1) % self.every_n_epochs == 0:
-            self.save(pl_module, self.folder(trainer) / f"epoch={epoch:04d}")
-        self.save(pl_module, self.folder(trainer) / "last")
+            self._save_everywhere(trainer, pl_module, f"epoch={epoch:04d}")
+        self._save_everywhere(trainer, pl_module, "last")
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.is_global_zero:
-            path = self.save(pl_module, self.folder(trainer) / "last")
-            rank_zero_info(f"adapters saved under {path.parent}")
+        path = self._save_everywhere(trainer, pl_module, "last")
+        rank_zero_info(f"adapters saved under {path.parent}")
 
     def state_dict(self) -> dict[str, Any]:
         return {"best_score": self.best_score, "best_epoch": self.best_epoch}

@@ -183,10 +183,10 @@ def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, padding_side: str | N
         # No pad token: reuse EOS (padded positions are always masked out), else UNK. No new
         # token is ever added, so the vocabulary and the embedding matrix keep their size.
         fallback = tokenizer.eos_token or tokenizer.unk_token
-        if fallback is None:
-            log.warning("tokenizer has no pad, eos or unk token; padding is unavailable")
-        else:
-            tokenizer.pad_token = fallback
+        if fallback is None:  # any token will do: padded positions are masked everywhere
+            fallback = tokenizer.convert_ids_to_tokens(0)
+            log.warning("tokenizer has no pad, eos or unk token; padding with token 0 (%r)", fallback)
+        tokenizer.pad_token = fallback
     if padding_side is not None:
         tokenizer.padding_side = padding_side
     if tokenizer.chat_template is None:

@@ -123,6 +123,11 @@ def test_tokenizer_without_pad_token_pads_with_eos(tiny_config, tmp_path):
     AutoModelForCausalLM.from_pretrained(folder).save_pretrained(tmp_path / "m")
     policy = AgentPolicy(str(tmp_path / "m"), finetune="full")
     assert policy.pad_id == policy.tokenizer.eos_token_id is not None
+    from lit_agents.models import _prepare_tokenizer
+
+    tok.pad_token, tok.eos_token, tok.unk_token = None, None, None
+    _prepare_tokenizer(tok, None)  # nothing to borrow: token 0 pads
+    assert tok.pad_token_id == 0
 
 
 def _play_and_train(tiny_config, textcraft, tmp_path, seed):

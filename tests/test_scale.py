@@ -126,3 +126,16 @@ def test_corrupt_and_mismatched_checkpoints_name_the_file(tmp_path, monkeypatch)
     other = cli(tmp_path / "c", "--model.init_args.policy.init_args.lora_r=4")  # the config says 32
     with pytest.raises(ValueError, match=r"last\.ckpt does not match .*shape mismatch"):
         other.trainer.fit(other.model, datamodule=other.datamodule, ckpt_path=str(good))
+
+
+@pytest.mark.parametrize("overlay", sorted((Path(__file__).parents[1] / "configs" / "scale").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_strategy_overlays_parse(overlay, capsys):
+    from lit_agents.cli import main
+
+    base = Path(__file__).parents[1] / "configs" / "quickstart_rl.yaml"
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "-c", str(base), "-c", str(overlay), "--print_config"])
+    assert exit_.value.code == 0
+    printed = capsys.readouterr().out
+    assert "strategy:" in printed and "AtomicCheckpointIO" in printed and "save_last: true" in printed

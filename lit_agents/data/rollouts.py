@@ -34,6 +34,7 @@ from lit_agents.algorithms.collate import (
 )
 from lit_agents.data.demos import expert_episodes, read_episodes, write_episodes
 from lit_agents.envs.base import Split, Task, TextEnv
+from lit_agents.strategies import full_parameters
 from lit_agents.types import Rollout
 
 
@@ -141,8 +142,9 @@ class AgentDataModule(LightningDataModule):
         was_training = policy.training
         policy.eval()
         try:
-            # rollouts run under the trainer's precision (bf16-mixed: autocast), as training does
-            with torch.no_grad(), self.trainer.precision_plugin.forward_context():
+            # rollouts run under the trainer's precision (bf16-mixed: autocast), as training does,
+            # with whole parameters where the strategy shards them
+            with torch.no_grad(), self.trainer.precision_plugin.forward_context(), full_parameters(self.trainer):
                 rollouts = self.agent.run(
                     policy, self.env, tasks, group_size, greedy=greedy,
                     seed=self.seed * 1_000_003 + seed, group_offset=group_offset,

@@ -60,7 +60,7 @@ def main() -> None:
                                        max_tokens_per_batch=300)
     record = Record()
     trainer = Trainer(
-        max_epochs=3, accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False,
+        max_epochs=3, accelerator="cpu", devices=2, strategy=os.environ.get("STRATEGY", "ddp"), logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, reload_dataloaders_every_n_epochs=1,
         num_sanity_val_steps=0, default_root_dir=str(out), callbacks=[record, SessionMetrics(), LoRACheckpoint()],
     )

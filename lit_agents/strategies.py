@@ -1,0 +1,23 @@
+"""Helpers for Lightning's multi-process strategies (DDP, FSDP, DeepSpeed)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+__all__ = ["full_parameters"]
+
+
+def full_parameters(trainer: Any) -> contextlib.AbstractContextManager:
+    """A context in which every rank holds the whole model where the strategy shards it.
+
+    Under FSDP this is ``summon_full_params`` (a collective: every rank must enter it); rollouts
+    run inside it because ranks generate for different numbers of steps, and adapter saving
+    because peft must see whole tensors. Other strategies keep whole parameters: a no-op.
+    """
+    strategy = getattr(trainer, "strategy", None)
+    if type(strategy).__name__ != "FSDPStrategy":
+        return contextlib.nullcontext()
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return FullyShardedDataParallel.summon_full_params(strategy.model, writeback=False)
