@@ -160,17 +160,50 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def _module_and_data(kind, tiny_config, textcraft):
+    """Each LightningModule with its data module and agent loop, at toy size."""
+    from lit_agents.agents import MultiSessionAgent, RecursiveAgent
+    from lit_agents.data import DemonstrationDataModule
+    from lit_agents.envs import TextCraftSynth
+    from lit_agents.modules import MosaicPolicy, RAOPolicy, System1SFT
+
+    policy = AgentPolicy(tiny=tiny_config, lora_r=4, lora_targets="all-linear")
+    rollout = dict(tasks_per_epoch=2, group_size=2, val_tasks=0, max_tokens_per_batch=100_000)
+    if kind == "sft":
+        return System1SFT(policy, lr=1e-3), DemonstrationDataModule(textcraft, demos=4, val_tasks=0)
+    if kind == "mosaic":
+        agent = MultiSessionAgent(compaction=True, context_budget=64, summary_tokens=8, forking=True,
+                                  max_new_tokens=8, max_steps=4)
+        return MosaicPolicy(policy, lr=1e-3), RolloutDataModule(textcraft, agent, **rollout)
+    if kind == "rao":
+        agent = RecursiveAgent(max_new_tokens=16, max_steps=2, repl_timeout_s=5.0)
+        return RAOPolicy(policy, lr=1e-3), RolloutDataModule(TextCraftSynth(difficulty="easy"), agent, **rollout)
+    module = GRPOPolicy(policy, lr=1e-2, drop_zero_signal=False)
+    module.rollout_advantages = lambda rollouts: torch.linspace(-1, 1, len(rollouts))
+    return module, RolloutDataModule(textcraft, ReActAgent(max_new_tokens=8, max_steps=2), **rollout)
+
+
+def _open_fds() -> int:
+    return len(os.listdir(f"/proc/{os.getpid()}/fd"))
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
-def test_memory_stays_flat_over_many_epochs(tiny_config, textcraft, tmp_path):
-    """20 short epochs: resident memory after epoch 20 within 60 MB of after epoch 2."""
-    policy, module, data = _grpo(tiny_config, textcraft, max_tokens_per_batch=100_000)
+@pytest.mark.parametrize("kind", ["grpo", "sft", "mosaic", "rao"])
+def test_memory_and_handles_stay_flat_over_many_epochs(kind, tiny_config, textcraft, tmp_path):
+    """20 short epochs of each module: resident memory after epoch 20 within 60 MB of after
+    epoch 2, no file descriptors or child processes (REPL sandboxes) left behind."""
+    import multiprocessing
+
+    module, data = _module_and_data(kind, tiny_config, textcraft)
     marks = {}
 
     def mark():
         if module.current_epoch in (1, 19):
             gc.collect()
-            marks[module.current_epoch] = _rss_mb()
+            marks[module.current_epoch] = (_rss_mb(), _open_fds(), len(multiprocessing.active_children()))
 
     module.on_train_epoch_end = mark
     _trainer(tmp_path, epochs=20).fit(module, datamodule=data)
-    assert marks[19] - marks[1] < 60, marks
+    (rss2, fds2, kids2), (rss20, fds20, kids20) = marks[1], marks[19]
+    assert rss20 - rss2 < 60, marks
+    assert fds20 <= fds2 + 2 and kids20 <= kids2, marks

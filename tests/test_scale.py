@@ -29,7 +29,7 @@ def run_script(args: list[str], cwd: Path, timeout: float = 400) -> subprocess.C
     return subprocess.CompletedProcess(args, proc.returncode, out, "")
 
 
-@pytest.mark.parametrize("kind", ["grpo", "sft"])
+@pytest.mark.parametrize("kind", ["grpo", "sft", "actor_critic"])
 def test_ddp_two_cpu_processes_stay_in_sync(kind, tmp_path):
     """2 ranks (gloo): each rolls out its own tasks, both end with identical trainable weights
     after the same number of steps, even when one rank has fewer batches (pad steps)."""
@@ -44,7 +44,8 @@ def test_ddp_two_cpu_processes_stay_in_sync(kind, tmp_path):
         for epoch0, epoch1 in zip(ranks[0]["tasks"], ranks[1]["tasks"]):
             assert epoch0 and epoch1 and not set(epoch0) & set(epoch1)  # distinct tasks per rank
         assert ranks[0]["pad_steps"] + ranks[1]["pad_steps"] > 0  # unequal batch counts happened
-    assert (tmp_path / "adapters" / "last" / "default" / "adapter_config.json").exists()
+    role = "executor" if kind == "actor_critic" else "default"
+    assert (tmp_path / "adapters" / "last" / role / "adapter_config.json").exists()
 
 
 def _fit_args(save_dir: Path, epochs: int = 4) -> list[str]:

@@ -46,6 +46,7 @@ def main() -> None:
     torch.set_num_threads(1)
     env = TextCraft(min_depth=2, max_depth=2, distractors=2, compact=True, max_steps=3 if kind == "grpo" else 12)
     policy = AgentPolicy(tiny=TINY, lora_r=4, lora_targets="all-linear")
+    strategy = os.environ.get("STRATEGY", "ddp")
     if kind == "grpo":
         module = GRPOPolicy(policy, lr=1e-2, drop_zero_signal=False)
         # a reward-free signal so every group trains
@@ -54,18 +55,27 @@ def main() -> None:
         module.rollouts_to_rows = lambda rollouts: rows(rollouts)[: None if module.global_rank == 0 else 1]
         data = RolloutDataModule(env, ReActAgent(max_new_tokens=6), tasks_per_epoch=2, group_size=2,
                                  val_tasks=4, max_tokens_per_batch=300, seed=0)
+    elif kind == "actor_critic":  # two optimizers, manual optimization: unused-parameter detection on
+        from lit_agents.agents import HierarchicalAgent
+        from lit_agents.modules import System2ActorCritic
+
+        policy = AgentPolicy(tiny=TINY, roles=["planner", "executor"], lora_r=4)
+        module = System2ActorCritic(policy, phase="offline", lr=1e-2, critic_lr=1e-2, head_width=16)
+        data = DemonstrationDataModule(env, HierarchicalAgent(max_new_tokens=12, plan_tokens=10), demos=8, noisy=0.5,
+                                       epsilon=0.5, val_tasks=2, max_tokens_per_batch=300)
+        strategy = "ddp_find_unused_parameters_true"
     else:
         module = System1SFT(policy, lr=1e-2)
         data = DemonstrationDataModule(env, ReActAgent(max_new_tokens=6), demos=10, val_tasks=4,
                                        max_tokens_per_batch=300)
     record = Record()
     trainer = Trainer(
-        max_epochs=3, accelerator="cpu", devices=2, strategy=os.environ.get("STRATEGY", "ddp"), logger=False, enable_checkpointing=False,
+        max_epochs=3, accelerator="cpu", devices=2, strategy=strategy, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, reload_dataloaders_every_n_epochs=1,
         num_sanity_val_steps=0, default_root_dir=str(out), callbacks=[record, SessionMetrics(), LoRACheckpoint()],
     )
     trainer.fit(module, datamodule=data)
-    sums = {n: float(p.detach().double().sum()) for n, p in policy.named_parameters() if p.requires_grad}
+    sums = {n: float(p.detach().double().sum()) for n, p in module.named_parameters() if p.requires_grad}
     result = {"rank": trainer.global_rank, "tasks": record.tasks, "steps": trainer.global_step, "sums": sums,
               "pad_steps": record.pad_steps,
               "val_success": float(trainer.callback_metrics.get("val/success", -1))}
