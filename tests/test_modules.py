@@ -202,3 +202,47 @@ def test_bf16_mixed_rollouts_match_training_numerics(tiny_config, textcraft, tmp
                       num_sanity_val_steps=0, default_root_dir=tmp_path)
     trainer.fit(module, datamodule=data)
     assert gaps and gaps[0] < 2e-3  # fp32 rollouts against bf16 training: ~3e-3 here
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_gradient_accumulation_is_a_token_mean_over_the_whole_step(tiny_config, textcraft, tmp_path, packing):
+    """With accumulate_grad_batches=2 the step's gradient equals that of one token-mean loss over
+    every trained token of its two (unequal) batches, not the mean of two batch means."""
+    from lightning.pytorch import Callback
+
+    policy = AgentPolicy(tiny=tiny_config, lora_r=4, lora_targets="all-linear", lora_dropout=0.0)
+    module = GRPOPolicy(policy, lr=1e-3, drop_zero_signal=False)
+    module.rollout_advantages = lambda rollouts: torch.linspace(-1, 1, len(rollouts))
+    data = RolloutDataModule(textcraft, ReActAgent(max_new_tokens=8, max_steps=3), tasks_per_epoch=3, group_size=2,
+                             val_tasks=0, max_tokens_per_batch=250, packing=packing)
+    seen, checked = [], []
+    original = module.training_step
+
+    def step(batch, batch_idx):
+        seen.append(batch)
+        return original(batch, batch_idx)
+
+    module.training_step = step
+
+    class Check(Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            batches, seen[:] = [b for b in seen if "input_ids" in b], []
+            params = [p for p in pl_module.policy.parameters() if p.requires_grad]
+            got = [p.grad.clone() for p in params]
+            tokens = sum(int(b["action_mask"].sum()) for b in batches)
+            if len(batches) < 2 or len({int(b["action_mask"].sum()) for b in batches}) < 2:
+                return  # need two batches of different sizes to tell the means apart
+            with torch.enable_grad():
+                total = sum(pl_module.policy_loss(pl_module.policy.batch_logprobs(b, pl_module.temperature),
+                                                  b["old_logprobs"], b["advantages"], b["action_mask"],
+                                                  normalizer=float(tokens)).loss for b in batches)
+                want = torch.autograd.grad(total, params)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
+            assert all(b["step_tokens"] == tokens for b in batches)
+            checked.append(len(batches))
+
+    Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+            accumulate_grad_batches=2, callbacks=[Check()], default_root_dir=tmp_path).fit(module, datamodule=data)
+    assert checked, "no optimizer step with two unequal batches"

@@ -44,24 +44,36 @@ PAD_STEP: list = []
 
 class _Batches(IterableDataset):
     """A fixed list of batches (an IterableDataset so no sampler is injected), collated when
-    iterated: a batch is a list of rows (padded) or a list of packs (lists of rows)."""
+    iterated: a batch is a list of rows (padded) or a list of packs (lists of rows). With
+    gradient accumulation each batch also carries its optimizer step's trained-token count."""
 
-    def __init__(self, batches: list[list], pad_id: int) -> None:
+    def __init__(self, batches: list[list], pad_id: int, step_tokens: list[int] | None = None, accumulate: int = 1) -> None:
         self.batches, self.pad_id = batches, pad_id
+        self.step_tokens, self.accumulate = step_tokens, accumulate
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        for items in self.batches:
+        for i, items in enumerate(self.batches):
             if items is PAD_STEP:
                 yield {"pad_step": True}  # this rank has no rows left; the other ranks still step
-            elif not items:
+                continue
+            if not items:
                 yield {}  # nothing to learn this step, on any rank
-            elif isinstance(items[0], list):
-                yield collate_packed(items, self.pad_id, with_meta=True)
+                continue
+            if isinstance(items[0], list):
+                batch = collate_packed(items, self.pad_id, with_meta=True)
             else:
-                yield collate_rows(items, self.pad_id, with_meta=True)
+                batch = collate_rows(items, self.pad_id, with_meta=True)
+            if self.step_tokens is not None:
+                batch["step_tokens"], batch["accumulate"] = self.step_tokens[i], self.accumulate
+            yield batch
+
+
+def _trained_tokens(items: list) -> int:
+    rows = [row for item in items for row in (item if isinstance(item, list) else [item])]
+    return sum(row.num_trained for row in rows)
 
 
 class _LazyRollouts(IterableDataset):
@@ -182,18 +194,30 @@ class AgentDataModule(LightningDataModule):
     def _loader(self, batches: list[list]) -> DataLoader:
         """Serve the batches; under DDP every rank serves the same number (the most any rank
         has: a rank with fewer adds ``pad_step`` batches, on which modules take a zero-gradient
-        step so gradient all-reduces stay matched). No rank with rows: one empty batch each."""
+        step so gradient all-reduces stay matched). No rank with rows: one empty batch each.
+
+        With ``trainer.accumulate_grad_batches = k`` every k consecutive batches make one
+        optimizer step, and each carries the step's trained-token count, so the modules
+        normalize the loss by the step's tokens (a token mean over the whole step, not a mean
+        of per-batch means)."""
         batches = [b for b in batches if b]
+        module = self.trainer.lightning_module
+        k = self.trainer.accumulate_grad_batches if module.automatic_optimization else 1
+        if batches and len(batches) % k:
+            batches += [PAD_STEP] * (k - len(batches) % k)
         count = len(batches)
         if self.world[1] > 1:
             count = int(self.trainer.strategy.reduce(torch.tensor(count, device=self.trainer.strategy.root_device), reduce_op="max"))
         if count == 0:
-            batches = [[]]  # an empty loader would make Lightning stop fitting
-        else:
-            batches = batches + [PAD_STEP] * (count - len(batches))
-        pad_id = self.trainer.lightning_module.policy.pad_id
-        return DataLoader(_Batches(batches, pad_id), batch_size=None)
-
+            return DataLoader(_Batches([[]], module.policy.pad_id), batch_size=None)  # an empty loader stops fitting
+        batches = batches + [PAD_STEP] * (count - len(batches))
+        step_tokens = None
+        if k > 1:
+            step_tokens = []
+            for start in range(0, len(batches), k):
+                group = batches[start : start + k]
+                step_tokens += [sum(_trained_tokens(b) for b in group)] * len(group)
+        return DataLoader(_Batches(batches, module.policy.pad_id, step_tokens, k), batch_size=None)
 
 def _identity(x):
     return x
@@ -205,7 +229,9 @@ class RolloutDataModule(AgentDataModule):
     Args:
         tasks_per_epoch: tasks per epoch on each rank (whole groups stay on one rank).
         group_size: attempts per task (G).
-        max_tokens_per_batch: token budget of one optimizer batch (rows are grouped greedily).
+        max_tokens_per_batch: token budget of one batch (rows are grouped greedily); one optimizer
+            step, or with `trainer.accumulate_grad_batches: k` one k-th of a step whose loss is
+            the token mean over all k batches.
         update_epochs: passes over the epoch's rows (PPO epochs); the first is on-policy.
         split: task split to train on.
         packing: put rows end to end in packs instead of padding them (`collate.packs_by_tokens`):
@@ -285,7 +311,7 @@ class DemonstrationDataModule(AgentDataModule):
     Args:
         demos: number of expert episodes (cycling through the shuffled train tasks);
             ``None`` = one per train task.
-        max_tokens_per_batch: token budget of one optimizer batch.
+        max_tokens_per_batch: token budget of one batch (see `RolloutDataModule`).
         path: a JSONL file of text episodes (`lit_agents.data.demos`, as ``lit-agents demos``
             writes): read from it when it exists, written to it after generating otherwise.
             Bring your own demonstrations here.

@@ -115,6 +115,15 @@ class AgentModule(LightningModule):
         ``pad_step`` batch under DDP, so its gradient all-reduce matches the other ranks'."""
         return sum((p.sum() * 0.0 for p in self.parameters() if p.requires_grad), torch.zeros((), device=self.device))
 
+    @staticmethod
+    def loss_normalizer(batch: dict[str, Any], constant: float | None = None) -> float | None:
+        """Divisor of a batch's summed token losses: ``constant`` if given (Dr. GRPO), else
+        under gradient accumulation the optimizer step's trained tokens / k (Lightning divides
+        each batch's loss by k again), else ``None`` (the batch's token mean)."""
+        if constant is not None or "step_tokens" not in batch:
+            return constant
+        return max(float(batch["step_tokens"]), 1.0) / batch["accumulate"]
+
     def configure_optimizers(self) -> Any:
         params = [p for p in self.policy.parameters() if p.requires_grad]
         if not params:

@@ -39,7 +39,8 @@ class GRPOPolicy(AgentModule):
         eps_low: PPO lower clip.
         eps_high: PPO upper clip.
         cispo_max_ratio: CISPO importance-weight cap.
-        normalizer: ``None`` = token mean over the batch; a number = Dr.-GRPO constant divisor.
+        normalizer: ``None`` = token mean over the batch (over the optimizer step under gradient
+            accumulation); a number = Dr.-GRPO constant divisor (of the KL term too).
         drop_zero_signal: drop groups whose rewards are all equal.
         kl_estimator: estimator of the KL penalty when a `KLAnchor` is active.
         temperature: temperature the log-probs are computed at; ``None`` = the data module's
@@ -108,11 +109,12 @@ class GRPOPolicy(AgentModule):
             return None
         logp = self.policy.batch_logprobs(batch, self.temperature)
         mask = batch["action_mask"]
-        out = self.policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask)
+        normalizer = self.loss_normalizer(batch, self.hparams.normalizer)
+        out = self.policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask, normalizer=normalizer)
         loss = out.loss
         size = len(logp)
         if "ref_logprobs" in batch:
-            kl = kl_loss(logp, batch["ref_logprobs"], mask, self.hparams.kl_estimator)
+            kl = kl_loss(logp, batch["ref_logprobs"], mask, self.hparams.kl_estimator, normalizer)
             loss = loss + self.kl_coef * kl.loss
             self.log("train/kl", kl.stats["kl"], batch_size=size)
             self.log("train/kl_coef", self.kl_coef, batch_size=size)

@@ -60,7 +60,7 @@ class System1SFT(AgentModule):
         if not batch:
             return None
         logp = self.policy.batch_logprobs(batch)
-        out = sft_loss(logp, batch["action_mask"])
+        out = sft_loss(logp, batch["action_mask"], self.loss_normalizer(batch))
         tokens = batch["action_mask"].sum()
         self.log("train/loss", out.loss, prog_bar=True, batch_size=len(logp))
         self.log_dict({f"train/{k}": v for k, v in out.stats.items() if k != "tokens"}, batch_size=len(logp))
