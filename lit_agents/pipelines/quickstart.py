@@ -79,7 +79,9 @@ def _table(results: dict[str, Any]) -> str:
 def run(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str]) -> dict[str, Any]:
     """Run both stages; returns the results dict."""
     started = time.perf_counter()
-    stage1 = _cli(config_dir / "quickstart.yaml", out, "sft", seed, sft)
+    # the pipeline evaluates both splits itself after each stage: no validation inside fit
+    no_val = ["trainer.check_val_every_n_epoch=1000000"]
+    stage1 = _cli(config_dir / "quickstart.yaml", out, "sft", seed, [*no_val, *sft])
     untrained = _evaluate(stage1)
     stage1.trainer.fit(stage1.model, datamodule=stage1.datamodule)
     after_sft = _evaluate(stage1)
@@ -89,7 +91,7 @@ def run(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str]) -
 
     started = time.perf_counter()
     stage2 = _cli(config_dir / "quickstart_rl.yaml", out, "rl", seed,
-                  [f"model.init_args.policy.init_args.model={sft_model}", *rl])
+                  [f"model.init_args.policy.init_args.model={sft_model}", *no_val, *rl])
     stage2.trainer.fit(stage2.model, datamodule=stage2.datamodule)
     after_rl = _evaluate(stage2)
     results = {
