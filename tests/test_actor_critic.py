@@ -112,3 +112,67 @@ def test_planner_sft_trains_on_planner_sessions_only(tiny_config, textcraft, tmp
     data = DemonstrationDataModule(textcraft, _agent(), demos=4, val_tasks=0)
     _trainer(tmp_path).fit(System1SFT(policy, role="planner", lr=1e-2), datamodule=data)
     assert data.rows and {r.role for r in data.rows} == {"planner"}
+
+
+def test_online_checkpoint_restores_heads_buffer_and_counters(tiny_config, textcraft, tmp_path):
+    """Resuming Multi2's online phase restores the executor adapter, Q/V heads and their targets,
+    both optimizers, the replay buffer with its sampler state and the critic warm-up counter."""
+    from lightning.pytorch import Callback
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lit_agents.checkpointing import AtomicCheckpointIO
+
+    def make():
+        torch.manual_seed(0)
+        policy = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
+        policy.set_role("executor")
+        module = System2ActorCritic(policy, phase="online", lr=1e-2, head_width=8, rows_per_epoch=4,
+                                    keep_failures=1.0)
+        return module, RolloutDataModule(textcraft, _agent(short=True), tasks_per_epoch=2, group_size=2, val_tasks=0)
+
+    module, data = make()
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, save_on_train_epoch_end=True)
+    Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+            enable_model_summary=False, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
+            default_root_dir=tmp_path, callbacks=[ckpt], plugins=[AtomicCheckpointIO()]).fit(module, datamodule=data)
+    saved = {
+        "heads": {n: p.detach().clone() for n, p in module.named_parameters() if not n.startswith("policy.")},
+        "executor": _params(module.policy, "executor"),
+        "buffer": [(r.input_ids, r.meta) for r in module.buffer],
+        "rng": module._rng.getstate(),
+        "batches": module._batches,
+        "targets": [p.clone() for p in [*module.q_target.parameters(), *module.v_target.parameters()]],
+    }
+    assert saved["buffer"] and saved["batches"] > 0
+
+    restored = {}
+
+    class Restored(Exception):
+        pass
+
+    class Grab(Callback):
+        def on_fit_start(self, trainer, pl_module):  # the module is restored, no rollout yet
+            restored.update(
+                heads={n: p.detach().clone() for n, p in pl_module.named_parameters() if not n.startswith("policy.")},
+                executor=_params(pl_module.policy, "executor"),
+                buffer=[(r.input_ids, r.meta) for r in pl_module.buffer], rng=pl_module._rng.getstate(),
+                batches=pl_module._batches,
+                targets=[p.clone() for p in [*pl_module.q_target.parameters(), *pl_module.v_target.parameters()]],
+            )
+
+        def on_train_start(self, trainer, pl_module):  # optimizer states are restored by now
+            restored["optimizers"] = [opt.state_dict()["state"] for opt in trainer.optimizers]
+            raise Restored  # only the restored state matters here
+
+    fresh, data = make()
+    assert not fresh.buffer
+    with pytest.raises(Restored):
+        _trainer(tmp_path, epochs=2, callbacks=[Grab()], plugins=[AtomicCheckpointIO()]).fit(
+            fresh, datamodule=data, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    for key in ("heads", "executor"):
+        assert saved[key].keys() == restored[key].keys()
+        assert all(torch.equal(saved[key][n], restored[key][n]) for n in saved[key]), key
+    assert all(torch.equal(a, b) for a, b in zip(saved["targets"], restored["targets"]))
+    assert restored["buffer"] == saved["buffer"] and restored["rng"] == saved["rng"]
+    assert restored["batches"] == saved["batches"]
+    assert all(restored["optimizers"])  # Adam moments for both optimizers
