@@ -114,3 +114,48 @@ def test_session_metrics_for_multi_session_rollouts(policy, textcraft):
     stats = session_stats(rollouts)
     assert stats["session/compactions_per_rollout"] == 2 and stats["session/forks_per_rollout"] == 0
     assert stats["session/summary_tokens"] > 0 and stats["session/success_with_3_sessions"] == 1.0
+
+
+def test_expert_demonstrations_compact_and_fork(policy, textcraft):
+    """The multi-session expert: forks a subagent per intermediate craft, compacts where the
+    policy's token budget forces it (summary = the inventory), and solves the task."""
+    from lit_agents.envs import TextCraft
+
+    env = TextCraft(min_depth=2, max_depth=3, distractors=2, compact=True, max_steps=30)
+    agent = MultiSessionAgent(compaction=True, context_budget=160, forking=True, max_forks=6, max_sessions=12,
+                              max_new_tokens=24, summary_tokens=48)
+    tasks = [t for t in env.tasks("train") if len(env.book.plan(env.reset(t)[0].goal).crafts) >= 3][:3]
+    assert tasks
+    kinds = set()
+    for task in tasks:
+        rollout = agent.expert_rollout(policy, env, task)
+        assert rollout.success, rollout.meta
+        kinds |= {s.kind for s in rollout.sessions}
+        for s in rollout.sessions:
+            if s.kind == "subagent":
+                assert s.meta["success"] and s.meta["goal"].startswith("craft ")
+            texts = [c.completion_text for c in s.calls]
+            assert all(t for t in texts)
+        forks = [c.completion_text for s in rollout.sessions for c in s.calls if c.completion_text.startswith("fork:")]
+        assert len(forks) == rollout.meta["forks"] >= 1
+        for s in rollout.sessions[1:]:
+            if s.kind == "compaction":  # the previous main-line session ended on the inventory summary
+                ended = [p for p in rollout.sessions if p.session_id < s.session_id and p.kind != "subagent"][-1]
+                assert ended.calls[-1].completion_text.startswith("Inventory:")
+    assert {"main", "subagent", "compaction"} <= kinds
+
+
+def test_multisession_demonstrations_train_through_sft(policy, textcraft, tmp_path, tiny_config):
+    from lightning.pytorch import Trainer
+
+    from lit_agents.data import DemonstrationDataModule
+    from lit_agents.modules import System1SFT
+
+    agent = MultiSessionAgent(compaction=True, context_budget=120, forking=True, max_new_tokens=24)
+    data = DemonstrationDataModule(textcraft, agent, demos=4, val_tasks=0, path=str(tmp_path / "demos.jsonl"))
+    module = System1SFT(AgentPolicy(tiny=tiny_config, lora_r=4), lr=1e-3)
+    Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path).fit(module, datamodule=data)
+    kinds = {r.meta.get("kind") for r in data.rows}
+    assert {"main", "subagent"} <= kinds, kinds
+    assert (tmp_path / "demos.jsonl").exists()

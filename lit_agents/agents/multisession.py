@@ -22,7 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_warn
+
 from lit_agents.agents.react import ReActAgent
+from lit_agents.data.demos import Episode, expert_episodes
 from lit_agents.envs.base import Task, TextEnv
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Call, Rollout, Session
@@ -132,7 +135,10 @@ class MultiSessionAgent(ReActAgent):
         return [self._rollout(env, ep) for ep in episodes]
 
     def complete(self, policy, engine, lines: list[_Line], params, generator, version: int) -> list[str]:
-        """One batched model call; records each call in its session."""
+        """One batched model call; records each call in its session. In expert mode
+        (`expert_rollout`) the env's experts write the texts instead."""
+        if self._expert_env is not None:
+            return [self._record(policy, line, self.expert_text(self._expert_env, line)) for line in lines]
         outs = engine.generate([ln.context for ln in lines], [ln.pending for ln in lines], params, generator)
         texts = []
         for line, out in zip(lines, outs):
@@ -144,6 +150,66 @@ class MultiSessionAgent(ReActAgent):
             line.cut = out.finish_reason == "length"
             texts.append(text)
         return texts
+
+    @staticmethod
+    def _record(policy, line: _Line, text: str) -> str:
+        ids = policy.chat.completion(text)
+        line.session.calls.append(Call(line.pending, ids, [0.0] * len(ids), policy.active_role or "default", 0,
+                                       line.pending_text, text))
+        line.cut = False
+        return text
+
+    # ------------------------------------------------------------------ demonstrations
+    _expert_env: TextEnv | None = None
+
+    def expert_text(self, env: TextEnv, line: _Line) -> str:
+        """The expert's turn in a multi-session episode: the env's summary when asked to compact;
+        in a subagent, the subgoal expert's action; in the main line, with forking on, a fork for
+        every intermediate subgoal (the last, the goal itself, it crafts itself), else the
+        expert's action. Override for another policy of when to open sessions."""
+        ep = line.episode
+        if line.summarizing:
+            return env.expert_summary(ep.state)
+        if line.parent is not None:
+            return env.expert_subgoal_action(ep.state, line.goal)
+        if self.forking and ep.forks < self.max_forks and len(ep.sessions) < self.max_sessions:
+            subgoal = env.expert_subgoal(ep.state)
+            if not env.goal_met(ep.state, subgoal) and not self._is_final(env, ep, subgoal):
+                return f"{FORK} {subgoal}"
+        return env.expert_action(ep.state)
+
+    @staticmethod
+    def _is_final(env: TextEnv, ep: _Ep, subgoal: str) -> bool:
+        """Whether meeting ``subgoal`` is meeting the task (then forking it gains nothing)."""
+        goal = getattr(ep.state, "goal", None)
+        return goal is not None and subgoal.lower().endswith(str(goal).split(":")[-1].replace("_", " "))
+
+    def expert_rollout(self, policy: AgentPolicy, env: TextEnv, task: Task, group_id: int = 0) -> Rollout:
+        """The env's experts playing ``task`` through this loop: compaction where the policy's
+        token budget forces it (the summary is ``env.expert_summary``), forks where
+        `expert_text` decides; every completion tokenized as the policy would write it."""
+        self._expert_env = env
+        try:
+            return self.run(policy, env, [task], 1, greedy=True, group_offset=group_id)[0]
+        finally:
+            self._expert_env = None
+
+    def expert_episode(self, env: TextEnv, task: Task, epsilon: float = 0.0, seed: int = 0) -> Episode:
+        """The env actions of the expert as a text episode (a record; `replay` plays the
+        multi-session structure again with the policy's tokenizer, since where compaction falls
+        depends on token counts)."""
+        if epsilon:
+            raise ValueError("noisy multi-session demonstrations are not supported")
+        return next(iter(expert_episodes(env, [task])))
+
+    def replay(self, policy: AgentPolicy, env: TextEnv, episode: Episode, group_id: int = 0) -> Rollout:
+        """A demonstration as this loop's sessions: the experts play ``episode.task`` again
+        (`expert_rollout`). Episodes of other demonstrators cannot be replayed as multi-session
+        rollouts (their compaction points and summaries are unknown)."""
+        rollout = self.expert_rollout(policy, env, episode.task, group_id)
+        if episode.success and not rollout.success:
+            rank_zero_warn(f"the multi-session expert failed {episode.task.task_id} (the single-session one did not)")
+        return rollout
 
     def _open(self, policy, env, ep: _Ep, kind: str, system: str, prompt: str, parent: _Line | None = None,
               goal: str = "") -> _Line:
@@ -203,12 +269,17 @@ class MultiSessionAgent(ReActAgent):
             return []
         if line.parent is not None and (self._met(env, line) or line.steps >= self.subagent_steps):
             return self._end_subagent(policy, env, line, result.observation)
-        self._next(policy, line, result.observation)
+        self._next_or_compact(policy, line, result.observation)
+        return []
+
+    def _next_or_compact(self, policy, line: _Line, observation: str) -> None:
+        """Append ``observation``; on the main line, if the context would pass the budget, ask
+        for the summary with it instead."""
+        self._next(policy, line, observation)
         budget = line.session.num_tokens + len(line.pending) + self.max_new_tokens
         if self.compaction and line.parent is None and budget > self.context_budget:
             line.summarizing = True
-            self._next(policy, line, f"{result.observation}\n{SUMMARY_REQUEST}")
-        return []
+            self._next(policy, line, f"{observation}\n{SUMMARY_REQUEST}")
 
     def _met(self, env, line: _Line) -> bool:
         try:
@@ -234,7 +305,7 @@ class MultiSessionAgent(ReActAgent):
         parent = line.parent
         parent.waiting = False
         outcome = "met" if met else "not met"
-        self._next(policy, parent, f"Subagent result ({line.goal}): goal {outcome}. {last}".strip())
+        self._next_or_compact(policy, parent, f"Subagent result ({line.goal}): goal {outcome}. {last}".strip())
         return []
 
     @staticmethod

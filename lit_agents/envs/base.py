@@ -98,6 +98,11 @@ class TextEnv(ABC):
         """The expert executor's next action toward ``subgoal`` (System 2 demonstrations)."""
         raise NotImplementedError(f"{type(self).__name__} has no subgoal expert")
 
+    def expert_summary(self, state: Any) -> str:
+        """What an expert writes when asked to compact its context: enough of ``state`` to go on
+        from the task alone (multi-session demonstrations). Default: the progress score."""
+        return f"Progress so far: {self.progress(state):.0%}."
+
     def random_action(self, state: Any, rng: Any) -> str:
         """A random valid-looking action (``rng`` a ``random.Random``): noise for offline data."""
         raise NotImplementedError(f"{type(self).__name__} has no random actions")

@@ -346,6 +346,10 @@ class TextCraft(TextEnv):
         count = 1 if lowest.output == plan.goal else need[lowest.output]
         return f"craft {count} {item_id_to_str(lowest.output)}"
 
+    def expert_summary(self, state: TextCraftState) -> str:
+        """The inventory (the recipes are in the task text every compaction session starts from)."""
+        return self.inventory_text(state.inventory)
+
     def expert_subgoal_action(self, state: TextCraftState, subgoal: str) -> str:
         """Get every base item the subgoal's crafts lack at once, then repeat the craft until the
         subgoal is met (``inventory`` when there is nothing it can do: met already, unparsable,
