@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--split", default="train")
     parser.add_argument("--only", nargs="*", default=None)
     args = parser.parse_args()
-    print(f"| env | tasks | expert solved | steps | steps/s | resets/s |\n|---|---|---|---|---|---|")
+    print("| env | tasks | expert solved | steps | steps/s | resets/s |\n|---|---|---|---|---|---|")
     for name, factory in _envs().items():
         if args.only and name not in args.only:
             continue
