@@ -126,3 +126,37 @@ def test_rao_policy_node_advantages_by_hand(policy):
     assert weighted == advs
     rows = RAOPolicy(policy).rollouts_to_rows([a, b])
     assert len(rows) == 4
+
+
+@pytest.mark.parametrize("difficulty", ["easy", "medium"])
+def test_expert_trees_delegate_and_deepen_with_difficulty(policy, difficulty):
+    """The recursive expert's trees (code run in the sandboxes) solve their tasks, every child
+    meets its goal, and harder tasks grow deeper trees; the linear expert uses one node."""
+    env = TextCraftSynth(difficulty=difficulty)
+    deep = RecursiveAgent(max_nodes=64, max_depth=8)
+    flat = RecursiveAgent(recursive=False)
+    depths = []
+    for task in env.tasks("train")[:3]:
+        tree = deep.expert_rollout(policy, env, task)
+        assert tree.success and all(s.meta["success"] for s in tree.sessions)
+        assert all(len(s.calls) == 1 for s in tree.sessions)  # one code block per node
+        if tree.meta["nodes"] > 1:
+            assert "launch_subagent" in tree.sessions[0].calls[0].completion_text
+        depths.append(tree.meta["depth"])
+        line = flat.expert_rollout(policy, env, task)
+        assert line.success and line.meta["nodes"] == 1
+    assert max(depths) >= (3 if difficulty == "medium" else 1)
+
+
+def test_recursive_demonstrations_give_rows_for_every_node(policy, tmp_path, tiny_config):
+    from lightning.pytorch import Trainer
+
+    from lit_agents.data import DemonstrationDataModule
+    from lit_agents.modules import System1SFT
+
+    env = TextCraftSynth(difficulty="easy")
+    data = DemonstrationDataModule(env, RecursiveAgent(max_new_tokens=64), demos=3, val_tasks=0)
+    module = System1SFT(AgentPolicy(tiny=tiny_config, lora_r=4), lr=1e-3)
+    Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path).fit(module, datamodule=data)
+    assert {r.meta.get("kind") for r in data.rows} == {"main", "subagent"}

@@ -148,7 +148,18 @@ class RecursiveAgent(Agent):
         return [self._rollout(tree, task, group) for tree, (task, group) in zip(trees, meta)]
 
     def complete(self, policy, engine, nodes: list[_Node], params, generator, version: int) -> list[str]:
-        """One batched model call for ``nodes``; records each call in its node's session."""
+        """One batched model call for ``nodes``; records each call in its node's session. In
+        expert mode (`expert_rollout`) the env's expert writes the code instead."""
+        if self._expert_env is not None:
+            texts = []
+            for node in nodes:
+                text = f"```python\n{self.expert_code(self._expert_env, node)}```"
+                ids = policy.chat.completion(text)
+                node.session.calls.append(Call(node.pending, ids, [0.0] * len(ids), policy.active_role or "default",
+                                               0, node.pending_text, text))
+                node.pending_end = False
+                texts.append(text)
+            return texts
         outs = engine.generate([n.context for n in nodes], [n.pending for n in nodes], params, generator)
         texts = []
         for node, out in zip(nodes, outs):
@@ -245,8 +256,32 @@ class RecursiveAgent(Agent):
                         "depth": max(n.depth for n in tree), "reason": "finished" if root.state.done else "max_steps"})
 
     # ------------------------------------------------------------------ demonstrations
-    def replay(self, policy: AgentPolicy, env: TextEnv, episode, group_id: int = 0) -> Rollout:
-        raise NotImplementedError("recursive demonstrations are not recorded yet (RAO trains by RL)")
+    _expert_env: TextEnv | None = None
+
+    def expert_code(self, env: TextEnv, node: _Node) -> str:
+        """The code an expert node writes: with ``launch_subagent`` the env's recursive program
+        (subagents for missing crafted ingredients), else (the linear baseline) its flat one."""
+        if self.recursive:
+            return env.expert_recursive_program(node.state)
+        return env.expert_program(node.state.task)
 
     def expert_rollout(self, policy: AgentPolicy, env: TextEnv, task: Task, group_id: int = 0) -> Rollout:
-        raise NotImplementedError("recursive demonstrations are not recorded yet (RAO trains by RL)")
+        """The expert's execution tree for ``task``: every node's code by `expert_code`, run in
+        the sandboxed REPLs like a live tree and tokenized as the policy would write it."""
+        self._expert_env = env
+        try:
+            return self.run(policy, env, [task], 1, greedy=True, group_offset=group_id)[0]
+        finally:
+            self._expert_env = None
+
+    def expert_episode(self, env: TextEnv, task: Task, epsilon: float = 0.0, seed: int = 0):
+        """The expert's text actions as an episode (a record: `replay` grows the tree again)."""
+        from lit_agents.data.demos import expert_episodes
+
+        if epsilon:
+            raise ValueError("noisy recursive demonstrations are not supported")
+        return next(iter(expert_episodes(env, [task])))
+
+    def replay(self, policy: AgentPolicy, env: TextEnv, episode, group_id: int = 0) -> Rollout:
+        """A demonstration as an execution tree: the expert grows it again (`expert_rollout`)."""
+        return self.expert_rollout(policy, env, episode.task, group_id)

@@ -531,6 +531,27 @@ class TextCraftSynth(TextEnv):
                 lines.append("print(finish())")
         return "\n".join(lines) + "\n"
 
+    def expert_recursive_program(self, state: SynthState) -> str:
+        """What a recursive expert node writes for ``state``'s goal: look its targets' recipes
+        up, delegate every crafted ingredient still missing to a subagent (all at once, with
+        ``asyncio.gather``), then craft the targets and finish. A leaf (only raw inputs) crafts
+        directly; the tree's depth follows the items' tiers."""
+        lines = [f'print(get_info("{t}"))' for t in state.targets]
+        need: Counter[str] = Counter()
+        for target in state.targets:
+            if (amount := state.plan.get(target, 0)) > 0:
+                recipe = self.world.recipes[target]
+                for ing, count in recipe.inputs:
+                    if self.world.tier[ing] > 0:
+                        need[ing] += -(-amount // recipe.count) * count
+        subgoals = [f"craft {n - state.inventory.get(i, 0)} {i}" for i, n in sorted(need.items())
+                    if n > state.inventory.get(i, 0)]
+        if subgoals:
+            launches = ", ".join(f'launch_subagent("{g}")' for g in subgoals)
+            lines += ["import asyncio", f"for answer in await asyncio.gather({launches}):", "    print(answer)"]
+        lines += [f'print(craft("{t}", {state.plan[t]}))' for t in state.targets if state.plan.get(t, 0) > 0]
+        return "\n".join([*lines, "print(finish())"]) + "\n"
+
     def corpus(self) -> Iterator[str]:
         """The instructions and every observation template, with every item name."""
         yield f"{self.instructions}\n{self.function_instructions}\n0123456789"
