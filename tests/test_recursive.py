@@ -160,3 +160,26 @@ def test_recursive_demonstrations_give_rows_for_every_node(policy, tmp_path, tin
     Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
             enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path).fit(module, datamodule=data)
     assert {r.meta.get("kind") for r in data.rows} == {"main", "subagent"}
+
+
+def test_tree_metrics_by_difficulty_concurrency_and_wall_clock(policy):
+    from lit_agents.callbacks import session_stats
+    from lit_agents.callbacks.session_metrics import merge_stats
+
+    env = TextCraftSynth(min_depth=2, max_depth=5)
+    tasks = env.tasks("train")[:6]
+    agent = RecursiveAgent(max_nodes=64, max_depth=8)
+    agent._expert_env = env  # expert trees, all six grown side by side
+    trees = agent.run(policy, env, tasks, 1)
+    stats = session_stats(trees)
+    levels = sorted({t.meta["difficulty"] for t in trees})
+    assert len(levels) > 1
+    for level in levels:
+        group = [t for t in trees if t.meta["difficulty"] == level]
+        assert stats[f"tree/difficulty_{level}/depth"] == sum(t.meta["depth"] for t in group) / len(group)
+        assert stats[f"tree/difficulty_{level}/success"] == 1.0
+    assert max(t.meta["concurrency"] for t in trees) >= 2  # gathered siblings wait on the model together
+    assert all(t.meta["seconds"] > 0 for t in trees)
+    assert sum(v for k, v in stats.items() if k.startswith("tree/depth_") and k.endswith("_share")) == pytest.approx(1.0)
+    merged = merge_stats([(2, {"a": 1.0, "b": 3.0}), (6, {"a": 0.0})])
+    assert merged == {"a": 0.25, "b": 3.0}

@@ -18,6 +18,8 @@ and answer. With ``recursive=False`` there is no ``launch_subagent``: the linear
 from __future__ import annotations
 
 import re
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,18 +136,31 @@ class RecursiveAgent(Agent):
                 self._new_node(policy, env, trees, len(trees) - 1, task.goal, state, 0, None, None)
         params = self.sampling(policy, self.max_new_tokens, greedy=greedy)
         engine, generator = self.engine(policy, seed)
+        started = time.perf_counter()
+        seconds = [0.0] * len(trees)  # until each tree's root finished
+        concurrency = [1] * len(trees)  # most of a tree's nodes waiting on the model at once
         try:
             while ready := [n for tree in trees for n in tree if not n.done and not n.waiting]:
+                for t, count in Counter(n.tree for n in ready).items():
+                    concurrency[t] = max(concurrency[t], count)
                 texts = self.complete(policy, engine, ready, params, generator, policy_version)
                 for node, text in zip(ready, texts):
                     node.steps += 1
                     node.repl.submit(self.extract_code(text))
                     self._drive(policy, env, trees, node)
+                for t, tree in enumerate(trees):
+                    if tree[0].done and not seconds[t]:
+                        seconds[t] = time.perf_counter() - started
         finally:
             for tree in trees:
                 for node in tree:
                     node.repl.close()
-        return [self._rollout(tree, task, group) for tree, (task, group) in zip(trees, meta)]
+        rollouts = [self._rollout(tree, task, group) for tree, (task, group) in zip(trees, meta)]
+        for rollout, task, wall, most in zip(rollouts, (m[0] for m in meta), seconds, concurrency):
+            rollout.meta.update(seconds=wall or time.perf_counter() - started, concurrency=most)
+            if "depth" in task.meta:
+                rollout.meta["difficulty"] = task.meta["depth"]
+        return rollouts
 
     def complete(self, policy, engine, nodes: list[_Node], params, generator, version: int) -> list[str]:
         """One batched model call for ``nodes``; records each call in its node's session. In
