@@ -22,8 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_warn
-
 from lit_agents.agents.react import ReActAgent
 from lit_agents.data.demos import Episode, expert_episodes
 from lit_agents.envs.base import Task, TextEnv
@@ -206,10 +204,7 @@ class MultiSessionAgent(ReActAgent):
         """A demonstration as this loop's sessions: the experts play ``episode.task`` again
         (`expert_rollout`). Episodes of other demonstrators cannot be replayed as multi-session
         rollouts (their compaction points and summaries are unknown)."""
-        rollout = self.expert_rollout(policy, env, episode.task, group_id)
-        if episode.success and not rollout.success:
-            rank_zero_warn(f"the multi-session expert failed {episode.task.task_id} (the single-session one did not)")
-        return rollout
+        return self.expert_rollout(policy, env, episode.task, group_id)
 
     def _open(self, policy, env, ep: _Ep, kind: str, system: str, prompt: str, parent: _Line | None = None,
               goal: str = "") -> _Line:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 
 from lit_agents.agents.base import Agent
@@ -370,7 +371,14 @@ class DemonstrationDataModule(AgentDataModule):
             if self.path and self.world[0] == 0:  # one writer under DDP
                 write_episodes(episodes, self.path)
         policy = self.trainer.lightning_module.policy
-        return [self.agent.replay(policy, self.env, e, i) for i, e in enumerate(episodes)]
+        rollouts = [self.agent.replay(policy, self.env, e, i) for i, e in enumerate(episodes)]
+        # agents that play a demonstration again (multi-session, recursive) can fail where the
+        # recorded expert succeeded: such rollouts are not demonstrations
+        lost = {i for i, (e, r) in enumerate(zip(episodes, rollouts)) if e.success and not r.success}
+        if lost:
+            rank_zero_warn(f"{len(lost)} of {len(rollouts)} demonstrations failed when {type(self.agent).__name__} "
+                           f"played them again (e.g. {rollouts[min(lost)].task_id}); they are left out")
+        return [r for i, r in enumerate(rollouts) if i not in lost]
 
     def _is_noisy(self, i: int) -> bool:
         return self.noisy > 0 and (i * self.noisy) % 1.0 + self.noisy >= 1.0  # evenly spread
