@@ -1,25 +1,48 @@
 """Expert execution trees on TextCraft-Synth by difficulty: solved, depth, nodes, concurrency,
-next to the linear expert (the demonstrations behind RAO's SFT stage)."""
+next to the linear expert (the demonstrations behind RAO's SFT stage). Code runs in the
+sandboxed REPLs as in live rollouts; the policy only tokenizes.
 
-import statistics, torch
+    python benchmarks/expert_trees.py --tasks 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
 from lit_agents.agents.recursive import RecursiveAgent
 from lit_agents.envs import TextCraftSynth
 from lit_agents.policy import AgentPolicy
 from lit_agents.tiny import TinyConfig
-torch.set_num_threads(1)
-policy = AgentPolicy(tiny=TinyConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128), lora_r=4)
-print("| difficulty | trees | solved | depth (mean, max) | nodes (mean) | concurrency (mean) | linear: solved, text actions (mean) |")
-print("|---|---|---|---|---|---|---|")
-for diff in ("easy", "medium", "hard"):
-    env = TextCraftSynth(difficulty=diff)
-    tasks = env.tasks("train")[:10]
-    agent = RecursiveAgent(max_nodes=128, max_depth=12, max_steps=25)
-    agent._expert_env = env
-    trees = agent.run(policy, env, tasks, 1)
-    lin = RecursiveAgent(recursive=False); lin._expert_env = env
-    lines = lin.run(policy, env, tasks, 1)
-    acts = [len(env.expert_program(t).splitlines()) for t in tasks]
-    d = [t.meta["depth"] for t in trees]
-    print(f"| {diff} | {len(trees)} | {sum(t.success for t in trees)} | {statistics.mean(d):.1f}, {max(d)} | "
-          f"{statistics.mean(t.meta['nodes'] for t in trees):.1f} | {statistics.mean(t.meta['concurrency'] for t in trees):.1f} | "
-          f"{sum(l.success for l in lines)}, {statistics.mean(acts):.0f} |")
+
+
+def expert_trees(agent: RecursiveAgent, policy: AgentPolicy, env: TextCraftSynth, tasks: list) -> list:
+    return [agent.expert_rollout(policy, env, task, i) for i, task in enumerate(tasks)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", type=int, default=10, help="first train tasks per difficulty")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    policy = AgentPolicy(tiny=TinyConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                                         intermediate_size=128), lora_r=4)
+    print("| difficulty | trees solved | depth (mean, max) | nodes (mean) | concurrency (mean) "
+          "| linear expert: solved, text actions (mean) |\n|---|---|---|---|---|---|")
+    for difficulty in ("easy", "medium", "hard"):
+        env = TextCraftSynth(difficulty=difficulty)
+        tasks = env.tasks("train")[: args.tasks]
+        trees = expert_trees(RecursiveAgent(max_nodes=128, max_depth=12), policy, env, tasks)
+        lines = expert_trees(RecursiveAgent(recursive=False), policy, env, tasks)
+        depth = [t.meta["depth"] for t in trees]
+        actions = statistics.mean(len(env.expert_program(t).splitlines()) for t in tasks)
+        print(f"| {difficulty} | {sum(t.success for t in trees)}/{len(trees)} | {statistics.mean(depth):.1f}, "
+              f"{max(depth)} | {statistics.mean(t.meta['nodes'] for t in trees):.1f} | "
+              f"{statistics.mean(t.meta['concurrency'] for t in trees):.1f} | "
+              f"{sum(r.success for r in lines)}/{len(lines)}, {actions:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
