@@ -23,6 +23,7 @@ SHORT = [
     "--data.init_args.val_tasks=2",
     "--data.init_args.agent.init_args.max_new_tokens=8",
     "--data.init_args.agent.init_args.max_steps=2",
+    "--data.init_args.max_tokens_per_batch=1024",
 ]
 
 
