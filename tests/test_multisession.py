@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from lit_agents.agents import written_call
 from lit_agents.agents.multisession import SUMMARY_REQUEST, MultiSessionAgent
 from lit_agents.policy import AgentPolicy
-from lit_agents.types import Call
 
 
 class Scripted(MultiSessionAgent):
@@ -19,8 +19,7 @@ class Scripted(MultiSessionAgent):
         texts = []
         for line in lines:
             text = self.script(line)
-            ids = policy.chat.completion(text)
-            line.session.calls.append(Call(line.pending, ids, [0.0] * len(ids), "default", 0, line.pending_text, text))
+            line.session.calls.append(written_call(policy, line.pending, line.pending_text, text, "default"))
             texts.append(text)
         return texts
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from lit_agents.agents import written_call
 from lit_agents.agents.recursive import RecursiveAgent
 from lit_agents.envs import TextCraftSynth
 from lit_agents.policy import AgentPolicy
@@ -23,8 +24,7 @@ class Scripted(RecursiveAgent):
         texts = []
         for node in nodes:
             text = self.script(node)
-            ids = policy.chat.completion(text)
-            node.session.calls.append(Call(node.pending, ids, [0.0] * len(ids), "default", 0, node.pending_text, text))
+            node.session.calls.append(written_call(policy, node.pending, node.pending_text, text, "default"))
             texts.append(text)
         return texts
 

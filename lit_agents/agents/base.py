@@ -9,12 +9,21 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_agents.generation import GenerationEngine, SamplingParams
+from lit_agents.types import Call
 
 if TYPE_CHECKING:
     from lit_agents.data.demos import Episode
     from lit_agents.envs.base import Task, TextEnv
     from lit_agents.policy import AgentPolicy
     from lit_agents.types import Rollout
+
+
+def written_call(policy: AgentPolicy, prompt_ids: list[int], prompt_text: str, text: str,
+                 role: str | None = None) -> Call:
+    """A call whose completion ``text`` was written, not sampled (demonstrations, scripted
+    experts): tokenized as the policy would write it, sampler log-probs 0."""
+    ids = policy.chat.completion(text)
+    return Call(prompt_ids, ids, [0.0] * len(ids), role or policy.active_role or "default", 0, prompt_text, text)
 
 
 class Agent(ABC):

@@ -31,7 +31,7 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lit_agents.agents.base import Agent
+from lit_agents.agents.base import Agent, written_call
 from lit_agents.data.demos import Episode
 from lit_agents.envs.base import StepResult, Task, TextEnv
 from lit_agents.policy import AgentPolicy
@@ -276,12 +276,10 @@ class HierarchicalAgent(Agent):
                     e.previous = (e.subgoal, list(e.actions), e.sessions[-1].meta["met"])
                 prompt = self.planner_prompt(e.task_text, e.observation, e.previous)
                 ids = policy.chat.start(self.planner_system, prompt)
-                out = policy.chat.completion(note["subgoal"])
-                call = Call(ids, out, [0.0] * len(out), self.planner_role, 0, prompt, note["subgoal"])
+                call = written_call(policy, ids, prompt, note["subgoal"], self.planner_role)
                 self._plan(policy, e, call, note["subgoal"])
             text = self.format_action(action, bool(note["flag"]))
-            ids = policy.chat.completion(text)
-            call = Call(e.pending, ids, [0.0] * len(ids), self.executor_role, 0, e.pending_text, text)
+            call = written_call(policy, e.pending, e.pending_text, text, self.executor_role)
             met = bool(note.get("met", note["flag"]))
             self._act(policy, e, call, action, bool(note["flag"]), result, met, len(episode.steps) + 1)
         e.success = episode.success

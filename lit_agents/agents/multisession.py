@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from lit_agents.agents.base import written_call
 from lit_agents.agents.react import ReActAgent
 from lit_agents.data.demos import Episode, expert_episodes
 from lit_agents.envs.base import Task, TextEnv
@@ -151,9 +152,7 @@ class MultiSessionAgent(ReActAgent):
 
     @staticmethod
     def _record(policy, line: _Line, text: str) -> str:
-        ids = policy.chat.completion(text)
-        line.session.calls.append(Call(line.pending, ids, [0.0] * len(ids), policy.active_role or "default", 0,
-                                       line.pending_text, text))
+        line.session.calls.append(written_call(policy, line.pending, line.pending_text, text))
         line.cut = False
         return text
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lit_agents.agents.base import Agent
+from lit_agents.agents.base import Agent, written_call
 from lit_agents.envs.base import StepResult, Task, TextEnv
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Call, Rollout, Session
@@ -185,9 +185,7 @@ class ReActAgent(Agent):
         pending, pending_text = policy.chat.start(system, episode.observation), episode.observation
         session, reward, role = Session(), 0.0, policy.active_role or "default"
         for action, result in episode.steps:
-            ids = policy.chat.completion(action)
-            session.calls.append(Call(prompt_ids=pending, completion_ids=ids, logprobs=[0.0] * len(ids),
-                                      role=role, prompt_text=pending_text, completion_text=action))
+            session.calls.append(written_call(policy, pending, pending_text, action, role))
             reward += result.reward
             pending_text = self.observation_text(result)
             pending = policy.chat.next(pending_text)

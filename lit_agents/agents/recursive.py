@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from lit_agents.agents.base import Agent
+from lit_agents.agents.base import Agent, written_call
 from lit_agents.envs.base import Task, TextEnv
 from lit_agents.envs.repl import PythonREPL, ReplResult, ToolCall
 from lit_agents.policy import AgentPolicy
@@ -169,9 +169,7 @@ class RecursiveAgent(Agent):
             texts = []
             for node in nodes:
                 text = f"```python\n{self.expert_code(self._expert_env, node)}```"
-                ids = policy.chat.completion(text)
-                node.session.calls.append(Call(node.pending, ids, [0.0] * len(ids), policy.active_role or "default",
-                                               0, node.pending_text, text))
+                node.session.calls.append(written_call(policy, node.pending, node.pending_text, text))
                 node.pending_end = False
                 texts.append(text)
             return texts
