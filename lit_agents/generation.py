@@ -359,31 +359,27 @@ class GenerationEngine:
         # sessions in the same state about to read the same tokens (a group's G samples of one
         # task; forks) are prefilled once, then their batch rows are copied
         keys = [(None if c is None else (id(c.keys), c.pending_ids), tuple(ids)) for c, ids in zip(contexts, new_ids)]
-        first: dict[Any, int] = {}
-        unique = [first.setdefault(key, len(first)) for key in keys]
-        if self.share_prefill and len(first) < len(keys):
-            reps = sorted(first, key=first.__getitem__)
-            owner = {first[k]: keys.index(k) for k in reps}
-            batch, logits = self._prefill(
-                [contexts[owner[u]] for u in range(len(reps))],
-                [chunks[owner[u]] for u in range(len(reps))],
-                params.max_new_tokens,
-            )
-            self._expand(batch, torch.tensor(unique, device=logits.device))
-            logits = logits[batch.rows]
-            batch.rows = torch.arange(len(keys), device=logits.device)
+        slot: dict[Any, int] = {}  # key -> its row in the shared prefill
+        index = [slot.setdefault(key, len(slot)) for key in keys]
+        if self.share_prefill and len(slot) < len(keys):
+            owners = [index.index(u) for u in range(len(slot))]  # the first session of each row
+            batch, logits = self._prefill([contexts[i] for i in owners], [chunks[i] for i in owners],
+                                          params.max_new_tokens)
+            rows = torch.tensor(index, device=logits.device)
+            self._expand(batch, rows)
+            logits = logits.index_select(0, rows)
         else:
             batch, logits = self._prefill(contexts, chunks, params.max_new_tokens)
         return self._decode(batch, logits, params, stop, generator)
 
     @staticmethod
     def _expand(batch: _Batch, index: Tensor) -> None:
-        """Copy batch rows: row ``i`` of the result is row ``index[i]`` before (``rows`` keeps ``index``)."""
+        """Copy batch rows: row ``i`` of the result is row ``index[i]`` before, session ``i``."""
         batch.cache.batch_select_indices(index)
         batch.mask = batch.mask.index_select(0, index)
         batch.next_pos = batch.next_pos.index_select(0, index)
         batch.live = batch.live.index_select(0, index)
-        batch.rows = index
+        batch.rows = torch.arange(len(index), device=index.device)
 
     def _forward(self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: DynamicCache) -> Tensor:
         """One model call on ``[b, n]`` ids; returns the last position's logits ``[b, V]``."""
