@@ -187,13 +187,13 @@ class System2ActorCritic(AgentModule):
         actor_opt, critic_opt = self.optimizers()
         if batch.get("pad_step"):  # DDP: zero-gradient steps matching the other ranks' backward passes
             critic_opt.zero_grad()
-            self.manual_backward(sum(p.sum() * 0.0 for p in [*self.q.parameters(), *self.v.parameters()]))
+            self.manual_backward(self.zero_loss([*self.q.parameters(), *self.v.parameters()]))
             critic_opt.step()
             self._polyak()
             self._batches += 1
             if self._batches > self.hparams.critic_warmup_steps:
                 actor_opt.zero_grad()
-                self.manual_backward(sum(p.sum() * 0.0 for p in self.policy.parameters() if p.requires_grad))
+                self.manual_backward(self.zero_loss(self.policy.parameters()))
                 actor_opt.step()
             return
         t = self._transitions(batch)

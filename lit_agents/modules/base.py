@@ -110,10 +110,12 @@ class AgentModule(LightningModule):
         self.log_dict(stats, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(rollouts))
 
     # ------------------------------------------------------------------ optimisation
-    def zero_loss(self) -> Tensor:
-        """A loss of 0 that reaches every trainable parameter: the step a rank takes on a
-        ``pad_step`` batch under DDP, so its gradient all-reduce matches the other ranks'."""
-        return sum((p.sum() * 0.0 for p in self.parameters() if p.requires_grad), torch.zeros((), device=self.device))
+    def zero_loss(self, params: Any = None) -> Tensor:
+        """A loss of 0 that reaches every trainable parameter (of ``params``; default: the
+        module's): the step a rank takes on a ``pad_step`` batch under DDP, so its gradient
+        all-reduce matches the other ranks'."""
+        params = self.parameters() if params is None else params
+        return sum((p.sum() * 0.0 for p in params if p.requires_grad), torch.zeros((), device=self.device))
 
     @staticmethod
     def loss_normalizer(batch: dict[str, Any], constant: float | None = None) -> float | None:
@@ -148,19 +150,17 @@ class AgentModule(LightningModule):
         """Skip a step whose gradients hold NaN/inf (a NaN loss gives them too): the gradients
         are dropped, so the optimizer leaves every parameter and its state alone. Under DDP the
         gradients are already all-reduced, so every rank skips the same step."""
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        finite = torch.stack([g.isfinite().all() for g in grads]).all() if grads else torch.tensor(True)
-        if not bool(finite):
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    p.grad = None
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        grads = [p.grad for p in params if p.grad is not None]
+        finite = bool(torch.stack([g.isfinite().all() for g in grads]).all()) if grads else True  # one sync
+        if not finite:
+            for p in params:
+                p.grad = None
             self.skipped_steps += 1
             rank_zero_warn(f"non-finite loss or gradients at step {self.global_step}: step skipped "
                            f"({self.skipped_steps} so far; diag/skipped_steps)")
         self.log("diag/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
-        if not bool(finite):
-            return
-        norms = grad_norm(self.policy, norm_type=2)
+        norms = grad_norm(self.policy, norm_type=2)  # empty once the gradients are dropped
         if "grad_2.0_norm_total" in norms:
             self.log("diag/grad_norm", norms["grad_2.0_norm_total"], on_step=True, on_epoch=False)
 
