@@ -155,12 +155,9 @@ class RecursiveAgent(Agent):
             for tree in trees:
                 for node in tree:
                     node.repl.close()
-        rollouts = [self._rollout(tree, task, group) for tree, (task, group) in zip(trees, meta)]
-        for rollout, task, wall, most in zip(rollouts, (m[0] for m in meta), seconds, concurrency):
-            rollout.meta.update(seconds=wall or time.perf_counter() - started, concurrency=most)
-            if "depth" in task.meta:
-                rollout.meta["difficulty"] = task.meta["depth"]
-        return rollouts
+        end = time.perf_counter() - started
+        return [self._rollout(tree, task, group, seconds[t] or end, concurrency[t])
+                for t, (tree, (task, group)) in enumerate(zip(trees, meta))]
 
     def complete(self, policy, engine, nodes: list[_Node], params, generator, version: int) -> list[str]:
         """One batched model call for ``nodes``; records each call in its node's session. In
@@ -261,12 +258,14 @@ class RecursiveAgent(Agent):
         node.pending = ([policy.chat.end_id] if node.pending_end else []) + policy.chat.next(observation)
 
     @staticmethod
-    def _rollout(tree: list[_Node], task: Task, group: int) -> Rollout:
+    def _rollout(tree: list[_Node], task: Task, group: int, seconds: float, concurrency: int) -> Rollout:
         root = tree[0]
         success = bool(root.session.meta.get("success"))
-        return Rollout(task.task_id, group, [n.session for n in tree], float(success), success,
-                       {"steps": sum(n.steps for n in tree), "nodes": len(tree),
-                        "depth": max(n.depth for n in tree), "reason": "finished" if root.state.done else "max_steps"})
+        meta = {"steps": sum(n.steps for n in tree), "nodes": len(tree), "depth": max(n.depth for n in tree),
+                "reason": "finished" if root.state.done else "max_steps", "seconds": seconds, "concurrency": concurrency}
+        if "depth" in task.meta:  # the task's crafting depth: its difficulty
+            meta["difficulty"] = task.meta["depth"]
+        return Rollout(task.task_id, group, [n.session for n in tree], float(success), success, meta)
 
     # ------------------------------------------------------------------ demonstrations
     _expert_env: TextEnv | None = None
