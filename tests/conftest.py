@@ -30,3 +30,22 @@ def textcraft():
     from lit_agents.envs.textcraft import TextCraft
 
     return TextCraft(min_depth=2, max_depth=2, distractors=2, compact=True, max_steps=12)
+
+
+@pytest.fixture()
+def record_losses():
+    """``record_losses(module) -> list``: the list fills with each training step's loss."""
+
+    def wrap(module) -> list[float]:
+        losses: list[float] = []
+        original = module.training_step
+
+        def step(batch, batch_idx):
+            loss = original(batch, batch_idx)
+            losses.append(loss.item())
+            return loss
+
+        module.training_step = step
+        return losses
+
+    return wrap

@@ -53,20 +53,12 @@ def test_sft_trains_the_adapter_and_leaves_the_base(tiny_config, textcraft, tmp_
     assert len(data.rows) == 8 and all(r.num_trained > 0 for r in data.rows)
 
 
-def test_sft_loss_decreases_on_demonstrations(tiny_config, textcraft, tmp_path):
+def test_sft_loss_decreases_on_demonstrations(tiny_config, textcraft, tmp_path, record_losses):
     policy = AgentPolicy(tiny=tiny_config, finetune="full")
     module = System1SFT(policy, lr=3e-3)
     data = DemonstrationDataModule(textcraft, demos=16, val_tasks=0, max_tokens_per_batch=2048)
     trainer = _trainer(tmp_path, epochs=6)
-    losses = []
-    original = module.training_step
-
-    def step(batch, batch_idx):
-        loss = original(batch, batch_idx)
-        losses.append(loss.item())
-        return loss
-
-    module.training_step = step
+    losses = record_losses(module)
     trainer.fit(module, datamodule=data)
     assert sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3
 

@@ -130,27 +130,19 @@ def test_tokenizer_without_pad_token_pads_with_eos(tiny_config, tmp_path):
     assert tok.pad_token_id == 0
 
 
-def _play_and_train(tiny_config, textcraft, tmp_path, seed):
+def _play_and_train(tiny_config, textcraft, tmp_path, seed, record_losses):
     policy, module, data = _grpo(tiny_config, textcraft, seed=seed)
-    losses, rollouts = [], []
-    original = module.training_step
-
-    def step(batch, batch_idx):
-        loss = original(batch, batch_idx)
-        losses.append(loss.item())
-        return loss
-
-    module.training_step = step
+    losses, rollouts = record_losses(module), []
     trainer = _trainer(tmp_path, epochs=2, deterministic=True)
     module.on_train_epoch_end = lambda: rollouts.append([s.calls[0].completion_ids for r in data.last_rollouts for s in r.sessions if s.calls])
     trainer.fit(module, datamodule=data)
     return losses, rollouts
 
 
-def test_same_seed_same_rollouts_and_losses(tiny_config, textcraft, tmp_path):
-    first = _play_and_train(tiny_config, textcraft, tmp_path / "a", seed=3)
-    second = _play_and_train(tiny_config, textcraft, tmp_path / "b", seed=3)
-    other = _play_and_train(tiny_config, textcraft, tmp_path / "c", seed=4)
+def test_same_seed_same_rollouts_and_losses(tiny_config, textcraft, tmp_path, record_losses):
+    first = _play_and_train(tiny_config, textcraft, tmp_path / "a", 3, record_losses)
+    second = _play_and_train(tiny_config, textcraft, tmp_path / "b", 3, record_losses)
+    other = _play_and_train(tiny_config, textcraft, tmp_path / "c", 4, record_losses)
     assert first[1] and first == second
     assert first[1] != other[1]
 
