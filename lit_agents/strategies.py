@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from lightning.pytorch.strategies import FSDPStrategy
+
 __all__ = ["full_parameters"]
 
 
@@ -15,9 +17,8 @@ def full_parameters(trainer: Any) -> contextlib.AbstractContextManager:
     run inside it because ranks generate for different numbers of steps, and adapter saving
     because peft must see whole tensors. Other strategies keep whole parameters: a no-op.
     """
-    strategy = getattr(trainer, "strategy", None)
-    if type(strategy).__name__ != "FSDPStrategy":
+    if not isinstance(getattr(trainer, "strategy", None), FSDPStrategy):  # subclasses included
         return contextlib.nullcontext()
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    return FullyShardedDataParallel.summon_full_params(strategy.model, writeback=False)
+    return FullyShardedDataParallel.summon_full_params(trainer.strategy.model, writeback=False)
