@@ -185,17 +185,32 @@ class System2ActorCritic(AgentModule):
         if not batch:
             return
         actor_opt, critic_opt = self.optimizers()
-        if batch.get("pad_step"):  # DDP: zero-gradient steps matching the other ranks' backward passes
-            critic_opt.zero_grad()
-            self.manual_backward(self.zero_loss([*self.q.parameters(), *self.v.parameters()]))
-            critic_opt.step()
-            self._polyak()
-            self._batches += 1
-            if self._batches > self.hparams.critic_warmup_steps:
-                actor_opt.zero_grad()
-                self.manual_backward(self.zero_loss(self.policy.parameters()))
-                actor_opt.step()
+        if batch.get("pad_step"):  # DDP: zero-gradient steps through the same path as the other ranks'
+            critic_loss = self.zero_loss([*self.q.parameters(), *self.v.parameters()])
+            actor_loss, stats = self.zero_loss(self.policy.parameters()), None
+        else:
+            critic_loss, actor_loss, stats = self._losses(batch)
+        critic_opt.zero_grad()
+        self.manual_backward(critic_loss)
+        critic_opt.step()
+        self._polyak()
+        self._batches += 1
+        if self._batches > self.hparams.critic_warmup_steps:
+            actor_opt.zero_grad()
+            self.manual_backward(actor_loss)
+            # every rank clips its (all-reduced, equal) gradients alike, pad steps included
+            self.clip_gradients(actor_opt, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+            actor_opt.step()
+        if stats is None:
             return
+        self.log_dict({f"train/{k}": v for k, v in stats.items()}, batch_size=len(batch["meta"]))
+        self.log("train/loss", actor_loss.detach(), prog_bar=True, batch_size=len(batch["meta"]))
+        if self.phase == "online":
+            self.log("train/buffer_size", float(len(self.buffer)), on_step=False, on_epoch=True)
+
+    def _losses(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """Critic loss (TD for Q; expectile for V offline), actor loss (weighted log-likelihood,
+        plus KL to the offline executor online) and statistics for one batch."""
         t = self._transitions(batch)
         h = t["h"].detach()
         hp = self.hparams
@@ -217,29 +232,15 @@ class System2ActorCritic(AgentModule):
             critic_loss = q_loss
             adv = q_target - group_stats(q_target, t["episodes"]).mean.to(q_target.dtype)
             weights = awac_weights(adv, hp.alpha, hp.weight_clip, t["episodes"])
-        critic_opt.zero_grad()
-        self.manual_backward(critic_loss)
-        critic_opt.step()
-        self._polyak()
-
         actor_loss = -(weights * t["logp"]).mean()
         if "ref_logprobs" in batch and self.phase == "online":
             mask = batch["action_mask"]
             kl = masked_mean(kl_estimate(t["token_logp"], batch["ref_logprobs"], hp.kl_estimator), mask)
             actor_loss = actor_loss + self.kl_coef * kl
             stats["kl"] = kl.detach()
-        self._batches += 1
-        if self._batches > hp.critic_warmup_steps:
-            actor_opt.zero_grad()
-            self.manual_backward(actor_loss)
-            self.clip_gradients(actor_opt, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
-            actor_opt.step()
         stats.update(actor_loss=actor_loss.detach(), adv_mean=adv.mean(), adv_abs=adv.abs().mean(),
                      weight_max=weights.max(), logp=t["logp"].detach().mean())
-        self.log_dict({f"train/{k}": v for k, v in stats.items()}, batch_size=len(batch["meta"]))
-        self.log("train/loss", actor_loss.detach(), prog_bar=True, batch_size=len(batch["meta"]))
-        if self.phase == "online":
-            self.log("train/buffer_size", float(len(self.buffer)), on_step=False, on_epoch=True)
+        return critic_loss, actor_loss, stats
 
     @torch.no_grad()
     def _polyak(self) -> None:
