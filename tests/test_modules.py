@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from lightning.pytorch import Trainer
@@ -238,3 +240,23 @@ def test_gradient_accumulation_is_a_token_mean_over_the_whole_step(tiny_config, 
             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
             accumulate_grad_batches=2, callbacks=[Check()], default_root_dir=tmp_path).fit(module, datamodule=data)
     assert checked, "no optimizer step with two unequal batches"
+
+
+def test_renamed_share_of_demonstrations(tiny_config, textcraft, tmp_path):
+    path = tmp_path / "demos.jsonl"
+    data = DemonstrationDataModule(textcraft, demos=8, val_tasks=0, path=str(path), renamed=0.5)
+    _trainer(tmp_path).fit(System1SFT(AgentPolicy(tiny=tiny_config, finetune="full")), datamodule=data)
+    tasks = [json.loads(line)["task"] for line in path.read_text().splitlines()]
+    assert sum("renamed_from" in t["meta"] for t in tasks) == 4  # half, recorded with their names
+    for task in tasks:
+        if "renamed_from" in task["meta"]:
+            assert task["goal"] == task["meta"]["names"][task["meta"]["renamed_from"]]
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        DemonstrationDataModule(textcraft, renamed=1.5)
+
+
+def test_renamed_needs_an_env_that_renames(textcraft):
+    from lit_agents.envs.search_qa import SearchQA
+
+    with pytest.raises(ValueError, match="cannot"):
+        DemonstrationDataModule(SearchQA(), renamed=0.5)

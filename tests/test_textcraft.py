@@ -6,6 +6,7 @@ import importlib.resources
 import os
 import pickle
 import random
+import re
 import shutil
 import time
 from pathlib import Path
@@ -394,3 +395,56 @@ def test_goal_met_language() -> None:
     assert not env.goal_met(state, "craft 1 acacia door")
     assert env.expert_subgoal_action(state, "craft 6 acacia planks") == "get 1 acacia logs"  # 2 crafts need 2
     assert env.expert_subgoal_action(state, "nonsense") == "inventory"
+
+
+@pytest.mark.parametrize("goal_first", [False, True])
+def test_renamed_episode_is_the_same_play_under_other_names(goal_first: bool) -> None:
+    """Mapped back to the real names, a renamed episode's actions replay in the real world and
+    give the renamed observations; no held-out goal name is ever drawn."""
+    from lit_agents.data.demos import expert_episodes
+
+    env = TextCraft(min_depth=2, max_depth=4, compact=True, goal_first=goal_first, remind_goal=True, distractors=3)
+    test_goals = {t.goal for t in env.tasks("test")}
+    tasks = random.Random(0).sample(env.tasks("train"), 40)
+    for episode in expert_episodes(env, tasks):
+        renamed = env.rename(episode, seed=1)
+        names = renamed.task.meta["names"]
+        assert renamed.task.goal == names[episode.task.goal] and renamed.task.meta["renamed_from"] == episode.task.goal
+        assert len(set(names.values())) == len(names) and not set(names.values()) & test_goals
+        assert renamed.success and len(renamed.steps) == len(episode.steps)
+        back = {v: k for k, v in names.items()}
+        pattern = "|".join(sorted(map(re.escape, back), key=len, reverse=True))
+
+        def unmap(text: str) -> str:
+            return re.sub(rf"(?<!\w)({pattern})(?!\w)", lambda m: back[m[1]], text)
+
+        assert unmap(renamed.observation) == episode.observation
+        state, _ = env.reset(episode.task)
+        for (action, result), (orig_action, _) in zip(renamed.steps, episode.steps):
+            assert unmap(action) == orig_action
+            assert unmap(result.observation) == env.step(state, unmap(action)).observation
+        assert state.success
+        assert env.rename(episode, seed=1).to_dict() == renamed.to_dict()  # deterministic
+    assert env.rename(episode, seed=2).task.meta["names"] != names  # the seed draws other names
+
+
+def test_rename_goal_renames_only_the_goal() -> None:
+    from lit_agents.data.demos import expert_episodes
+
+    env = TextCraft(min_depth=2, max_depth=2, compact=True, rename="goal")
+    episode = next(expert_episodes(env, env.tasks("train")[:1]))
+    renamed = env.rename(episode, seed=0)
+    new = renamed.task.meta["names"][episode.task.goal]
+    assert list(renamed.task.meta["names"]) == [episode.task.goal]
+    assert renamed.observation == episode.observation.replace(episode.task.goal, new)
+    assert renamed.steps[-1][0] == episode.steps[-1][0].replace(episode.task.goal, new)
+    with pytest.raises(ValueError, match="rename"):
+        TextCraft(rename="some")
+
+
+def test_rename_needs_compact_observations() -> None:
+    from lit_agents.data.demos import expert_episodes
+
+    env = TextCraft(compact=False)
+    with pytest.raises(ValueError, match="compact"):
+        env.rename(next(expert_episodes(env, env.tasks("train")[:1])), seed=0)

@@ -306,6 +306,11 @@ class RolloutDataModule(AgentDataModule):
         return self._loader(batches)
 
 
+def _spread(i: int, fraction: float, phase: float = 0.0) -> bool:
+    """Whether item ``i`` is among a ``fraction`` of the items, spread evenly over the indices."""
+    return fraction > 0 and (i * fraction + phase) % 1.0 + fraction >= 1.0
+
+
 class DemonstrationDataModule(AgentDataModule):
     """Expert demonstrations on train tasks, tokenized exactly like the policy's own turns.
 
@@ -320,6 +325,9 @@ class DemonstrationDataModule(AgentDataModule):
             ``expert_episode(env, task, epsilon, seed)``, e.g. `HierarchicalAgent`): offline RL
             data with something to choose between. Their failures are kept.
         epsilon: the noisy expert's chance of a random action per step.
+        renamed: fraction of the demonstrations replayed in a world whose entity names the env
+            shuffles (`TextEnv.rename`): the policy must then read a task's names off the prompt
+            instead of memorising each train task, which is what carries it to unseen tasks.
         packing, pack_length: see `RolloutDataModule`.
         **kwargs: see `AgentDataModule`.
     """
@@ -340,8 +348,14 @@ class DemonstrationDataModule(AgentDataModule):
         epsilon: float = 0.3,
         packing: bool = False,
         pack_length: int | None = None,
+        renamed: float = 0.0,
     ) -> None:
         super().__init__(env, agent, val_tasks, val_greedy, val_chunk, seed, val_split=val_split)
+        if not 0.0 <= renamed <= 1.0:
+            raise ValueError(f"renamed must be in [0, 1], got {renamed}")
+        if renamed and type(env).rename is TextEnv.rename:
+            raise ValueError(f"renamed demonstrations need an env that can rename entities; {type(env).__name__} cannot")
+        self.renamed = renamed
         self.packing, self.pack_length = packing, pack_length
         if not 0.0 <= noisy <= 1.0 or not 0.0 <= epsilon <= 1.0:
             raise ValueError(f"noisy and epsilon must be in [0, 1], got {noisy}, {epsilon}")
@@ -368,6 +382,8 @@ class DemonstrationDataModule(AgentDataModule):
             failed = [e.task.task_id for i, e in enumerate(episodes) if not e.success and not self._is_noisy(i)]
             if failed:
                 raise RuntimeError(f"the expert failed {len(failed)} demonstrations, e.g. {failed[:3]}")
+            episodes = [self.env.rename(e, self.seed) if _spread(i, self.renamed, 0.5) else e
+                        for i, e in enumerate(episodes)]
             if self.path and self.world[0] == 0:  # one writer under DDP
                 write_episodes(episodes, self.path)
         policy = self.trainer.lightning_module.policy
@@ -381,7 +397,7 @@ class DemonstrationDataModule(AgentDataModule):
         return [r for i, r in enumerate(rollouts) if i not in lost]
 
     def _is_noisy(self, i: int) -> bool:
-        return self.noisy > 0 and (i * self.noisy) % 1.0 + self.noisy >= 1.0  # evenly spread
+        return _spread(i, self.noisy)
 
     def _expert_episodes(self, tasks: list[Task]) -> list:
         play = getattr(self.agent, "expert_episode", None)

@@ -11,7 +11,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from lit_agents.data.demos import Episode
 
 #: ``train``; ``val``: held-out instances of train tasks; ``test``: held-out tasks (e.g. unseen goals)
 Split = Literal["train", "val", "test"]
@@ -106,6 +109,12 @@ class TextEnv(ABC):
     def random_action(self, state: Any, rng: Any) -> str:
         """A random valid-looking action (``rng`` a ``random.Random``): noise for offline data."""
         raise NotImplementedError(f"{type(self).__name__} has no random actions")
+
+    def rename(self, episode: Episode, seed: int) -> Episode:
+        """``episode`` replayed in a world whose entity names are shuffled (by ``seed``): a valid
+        demonstration that can only be imitated by reading names off the prompt, never by
+        memorising a task (an SFT augmentation for generalisation to unseen tasks)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot rename entities")
 
     def corpus(self) -> Iterator[str]:
         """Text this env can show or accept, for building the embedded default's tokenizer."""

@@ -33,8 +33,8 @@ import random
 import re
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 from lit_agents.envs.base import Split, StepResult, Task, TextEnv
 from lit_agents.envs.recipes import (
@@ -42,6 +42,9 @@ from lit_agents.envs.recipes import (
     load_recipes,
     str_to_item_id,
 )
+
+if TYPE_CHECKING:
+    from lit_agents.data.demos import Episode
 
 TEST_SEED_OFFSET = 10_000
 VAL_SEED_OFFSET = 2 * TEST_SEED_OFFSET
@@ -91,6 +94,8 @@ class TextCraft(TextEnv):
         show_inventory: append the inventory to every observation, so the agent need not track it.
         expert: the demonstrator's order: all base items first, or each right before its craft.
         remind_goal: end every observation with the goal line (recent context is easier to copy).
+        rename: which items `rename` gives other names: ``all`` that the commands name, or only
+            the ``goal``.
         test_fraction: fraction of goal items held out for the test split (hash of the name).
         train_seeds: seeds per train goal (0, 1, ...).
         train_goals: keep only this many train goal items (the first by a stable hash of the
@@ -120,6 +125,7 @@ class TextCraft(TextEnv):
         show_inventory: bool = False,
         expert: Literal["bases_first", "just_in_time"] = "bases_first",
         remind_goal: bool = False,
+        rename: Literal["all", "goal"] = "all",
         test_fraction: float = 0.2,
         train_seeds: int = 4,
         train_goals: int | None = None,
@@ -136,6 +142,9 @@ class TextCraft(TextEnv):
         self.distractors, self.compact, self.max_steps = distractors, compact, max_steps
         self.goal_first, self.show_inventory, self.expert = goal_first, show_inventory, expert
         self.remind_goal = remind_goal
+        if rename not in ("all", "goal"):
+            raise ValueError(f"rename must be 'all' or 'goal', got {rename!r}")
+        self.rename_items = rename
         self.test_fraction, self.train_seeds = test_fraction, train_seeds
         if train_goals is not None and train_goals < 1:
             raise ValueError(f"train_goals must be >= 1 or None, got {train_goals}")
@@ -367,6 +376,45 @@ class TextCraft(TextEnv):
             if short > 0 and self.book.gettable(ing.name):
                 return f"get {short} {item_id_to_str(ing.name)}"
         return recipe.line
+
+    # ------------------------------------------------------------------ renamed worlds (SFT)
+    @property
+    def rename_pool(self) -> list[str]:
+        """Names a renamed world draws from: every item except the held-out (test) goal items."""
+        if (pool := self.__dict__.get("_rename_pool")) is None:
+            names = (item_id_to_str(i) for i in self.book.items)
+            pool = self.__dict__["_rename_pool"] = sorted(n for n in names if not self.is_test_goal(n))
+        return pool
+
+    def rename(self, episode: Episode, seed: int) -> Episode:
+        """``episode`` in a world where every item its crafting commands name (only the goal, with
+        ``rename="goal"``) is called by another item's name (drawn by ``seed`` from `rename_pool`, one name per item for the whole
+        episode). Counts, recipes and outcomes are unchanged, so the result is a valid episode of
+        that world, and imitating it takes reading the goal's recipe off the prompt: memorising
+        which recipe each goal has does not help. Compact observations only (a full listing's tag
+        inputs like ``planks`` would lose which items they accept)."""
+        from lit_agents.data.demos import Episode
+
+        if not self.compact:
+            raise ValueError("TextCraft.rename needs compact=True (tag inputs do not survive renaming)")
+        names = {episode.task.goal}
+        for line in episode.observation.splitlines() if self.rename_items == "all" else ():
+            if m := _CRAFT.fullmatch(line):
+                names.add(m[1])
+                names.update(p.group(2) for p in map(_INGREDIENT.fullmatch, m[2].split(", ")) if p)
+        names = sorted(names)
+        rng = random.Random(f"rename/{episode.task.task_id}/{seed}")
+        mapping = dict(zip(names, rng.sample(self.rename_pool, len(names))))
+        pattern = re.compile(r"(?<!\w)(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")(?!\w)")
+
+        def sub(text: str) -> str:
+            return pattern.sub(lambda m: mapping[m[1]], text)
+
+        task = episode.task
+        renamed = Task(f"{task.task_id}/renamed{seed}", mapping[task.goal], task.seed,
+                       {"depth": task.meta.get("depth"), "renamed_from": task.goal, "names": mapping})
+        steps = [(sub(a), replace(r, observation=sub(r.observation))) for a, r in episode.steps]
+        return Episode(renamed, sub(episode.observation), steps, episode.success, episode.env)
 
     def corpus(self) -> Iterator[str]:
         """Recipe lines, item names, the instructions, example observations and actions."""

@@ -1,7 +1,7 @@
 """What every agent LightningModule shares: the policy, held-out validation, lean checkpoints.
 
 - ``validation_step`` scores a list of held-out rollouts played by the data module
-  (``val/success``, ``val/reward``, ``val/steps``, ``val/generated_tokens``), aggregated across
+  (``val/success``, ``val/reward``, ``val/steps``, ``val/generated_tokens``, ``val/sessions``), aggregated across
   ranks by torchmetrics.
 - Checkpoints hold what trains (adapters, or every weight under full fine-tuning) and never the
   frozen base: ``on_save_checkpoint`` drops frozen tensors and loading is non-strict.
@@ -57,7 +57,7 @@ class AgentModule(LightningModule):
         self.strict_loading = False  # checkpoints hold trainable tensors only
         self.skipped_steps = 0  # optimizer steps skipped for non-finite gradients
         self.val_metrics = torch.nn.ModuleDict(
-            {name: MeanMetric() for name in ("success", "reward", "steps", "generated_tokens")}
+            {name: MeanMetric() for name in ("success", "reward", "steps", "generated_tokens", "sessions")}
         )
 
     # ------------------------------------------------------------------ data-module hooks
@@ -83,6 +83,7 @@ class AgentModule(LightningModule):
             "reward": [r.reward for r in rollouts],
             "steps": [float(r.meta.get("steps", r.num_turns)) for r in rollouts],
             "generated_tokens": [float(r.num_generated) for r in rollouts],
+            "sessions": [float(len(r.sessions)) for r in rollouts],
         }
         for name, vals in values.items():
             self.val_metrics[name].update(torch.tensor(vals, device=self.device))
