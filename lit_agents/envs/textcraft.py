@@ -34,6 +34,7 @@ import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 from lit_agents.envs.base import Split, StepResult, Task, TextEnv
@@ -378,18 +379,15 @@ class TextCraft(TextEnv):
         return recipe.line
 
     # ------------------------------------------------------------------ renamed worlds (SFT)
-    @property
+    @cached_property
     def rename_pool(self) -> list[str]:
         """Names a renamed world draws from: every item except the held-out (test) goal items."""
-        if (pool := self.__dict__.get("_rename_pool")) is None:
-            names = (item_id_to_str(i) for i in self.book.items)
-            pool = self.__dict__["_rename_pool"] = sorted(n for n in names if not self.is_test_goal(n))
-        return pool
+        return sorted(n for n in map(item_id_to_str, self.book.items) if not self.is_test_goal(n))
 
     def rename(self, episode: Episode, seed: int) -> Episode:
         """``episode`` in a world where every item its crafting commands name (only the goal, with
-        ``rename="goal"``) is called by another item's name (drawn by ``seed`` from `rename_pool`, one name per item for the whole
-        episode). Counts, recipes and outcomes are unchanged, so the result is a valid episode of
+        ``rename="goal"``) is called by another item's name (drawn by ``seed`` from
+        `rename_pool`, one name per item for the whole episode). Counts, recipes and outcomes are unchanged, so the result is a valid episode of
         that world, and imitating it takes reading the goal's recipe off the prompt: memorising
         which recipe each goal has does not help. Compact observations only (a full listing's tag
         inputs like ``planks`` would lose which items they accept)."""

@@ -1,8 +1,8 @@
 """What every agent LightningModule shares: the policy, held-out validation, lean checkpoints.
 
 - ``validation_step`` scores a list of held-out rollouts played by the data module
-  (``val/success``, ``val/reward``, ``val/steps``, ``val/generated_tokens``, ``val/sessions``), aggregated across
-  ranks by torchmetrics.
+  (``val/success``, ``val/reward``, ``val/steps``, ``val/generated_tokens``, ``val/sessions``),
+  aggregated across ranks by torchmetrics.
 - Checkpoints hold what trains (adapters, or every weight under full fine-tuning) and never the
   frozen base: ``on_save_checkpoint`` drops frozen tensors and loading is non-strict.
 - ``on_train_epoch_start`` logs ``rollout/*`` for the epoch's training rollouts when the data
