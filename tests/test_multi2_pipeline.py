@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from peft import PeftConfig
 
 from lit_agents.cli import main
@@ -22,3 +24,15 @@ def test_multi2_pipeline_short(tmp_path, capsys):
     assert (out / "offline_demos.jsonl").exists() and (out / "backbone_model" / "config.json").exists()
     printed = capsys.readouterr().out
     assert "| system2_online |" in printed and "depth 2" in printed
+
+    # --stages refits only the named stages on what the run left, and keeps the other results
+    before = results["stages"]
+    main(["multi2", "--short", "--out", str(out), "--config-dir", "configs/multi2", "--stages", "flat_sft"])
+    after = json.loads((out / "results.json").read_text())["stages"]
+    assert list(after) == list(before)
+    assert after["backbone"] == before["backbone"] and after["flat_sft"]["seconds"] != before["flat_sft"]["seconds"]
+    with pytest.raises(ValueError, match="unknown stage"):
+        main(["multi2", "--short", "--out", str(out), "--config-dir", "configs/multi2", "--stages", "nope"])
+    with pytest.raises(ValueError, match="seed 0, not 1"):
+        main(["multi2", "--short", "--out", str(out), "--seed", "1", "--config-dir", "configs/multi2",
+              "--stages", "flat_sft"])

@@ -12,6 +12,7 @@ and written to ``<out>/results.json``.
     lit-agents multi2                                  # all stages, seed 0, runs/multi2
     lit-agents multi2 --out runs/m2 --seed 1 --skip-baselines
     lit-agents multi2 --short                          # a one-minute smoke test of every stage
+    lit-agents multi2 --out runs/m2 --stages flat_sft,flat_grpo   # more stages in an existing run
     lit-agents multi2 --set trainer.max_epochs=1 --set backbone:data.init_args.demos=400
 """
 
@@ -83,7 +84,10 @@ def _fit(config_dir: Path, name: str, out: Path, seed: int, overrides: list[str]
 
 
 def run(config_dir: Path, out: Path, seed: int, overrides: list[str], baselines: bool = True,
-        splits: tuple[str, ...] = ("val", "test"), short: bool = False) -> dict[str, Any]:
+        splits: tuple[str, ...] = ("val", "test"), short: bool = False,
+        only: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Fit the stages in order (``only``: just these, on the models and adapters an earlier run
+    left in ``out``; their results join that run's ``results.json``)."""
     out.mkdir(parents=True, exist_ok=True)
     backbone, adapters, demos = out / "backbone_model", out / "adapters", out / "offline_demos.jsonl"
     planner, warm, offline = adapters / "system1" / "planner", adapters / "warmup" / "executor", \
@@ -105,8 +109,19 @@ def run(config_dir: Path, out: Path, seed: int, overrides: list[str], baselines:
             ("flat_sft", [], None),
             ("flat_grpo", [f"model.init_args.policy.init_args.model={out / 'flat_sft_model'}"], None),
         ]
+    names = [name for name, _, _ in stages]
+    if only is not None and (unknown := set(only) - set(names)):
+        raise ValueError(f"unknown stage(s) {sorted(unknown)}; the stages are {names}")
+    saved = out / "results.json"
     results: dict[str, Any] = {"seed": seed, "out": str(out), "stages": {}}
+    if only is not None and saved.exists():
+        earlier = json.loads(saved.read_text())
+        if earlier.get("seed") != seed:
+            raise ValueError(f"{saved} is from seed {earlier.get('seed')}, not {seed}")
+        results["stages"] = {k: v for k, v in earlier["stages"].items() if k not in only}
     for name, extra, save in stages:
+        if only is not None and name not in only:
+            continue
         cli, seconds = _fit(config_dir, name, out, seed, [*extra, *overrides], short)
         policy = cli.model.policy
         if name in ("backbone", "flat_sft"):
@@ -115,7 +130,8 @@ def run(config_dir: Path, out: Path, seed: int, overrides: list[str], baselines:
             policy.save_role(*save)
         tasks = cli.datamodule.val_tasks
         results["stages"][name] = {"seconds": seconds, **{s: evaluate(cli, s, tasks) for s in splits}}
-        (out / "results.json").write_text(json.dumps(results, indent=2))
+        results["stages"] = {k: results["stages"][k] for k in names if k in results["stages"]}
+        saved.write_text(json.dumps(results, indent=2))
         sys.stdout.write(f"[multi2] {name}: " + ", ".join(
             f"{s} {results['stages'][name][s]['success'] * 100:.1f}%" for s in splits) + f" ({seconds:.0f}s)\n")
     return results
@@ -143,8 +159,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="override for every stage, or for one stage with a STAGE: prefix")
     parser.add_argument("--short", action="store_true", help="tiny sizes everywhere: a smoke test in about a minute")
     parser.add_argument("--skip-baselines", action="store_true", help="only the hierarchy's stages")
+    parser.add_argument("--stages", help="comma-separated stages to fit, on what an earlier run left in --out")
     args = parser.parse_args(argv)
-    results = run(args.config_dir, args.out, args.seed, args.set, baselines=not args.skip_baselines, short=args.short)
+    only = tuple(args.stages.split(",")) if args.stages else None
+    results = run(args.config_dir, args.out, args.seed, args.set, baselines=not args.skip_baselines,
+                  short=args.short, only=only)
     for split in ("val", "test"):
         sys.stdout.write("\n" + table(results, split) + "\n")
     return results
