@@ -338,6 +338,25 @@ def test_just_in_time_expert_solves_every_task_copying_counts(compact: bool) -> 
                     assert f" {action[4:]}" in shown, (task.task_id, action)
 
 
+@pytest.mark.parametrize("expert", ["bases_first", "just_in_time"])
+def test_expert_without_craft_counts_solves_every_task_starting_with_the_goal_words(expert: str) -> None:
+    env = TextCraft(compact=True, min_depth=2, max_depth=3, craft_count=False, expert=expert)
+    for task in env.tasks("train")[::5] + env.tasks("test")[::2]:
+        first, steps, success = play_expert(env, task, max_steps=400)
+        assert success and not any("error" in r.info for _, r in steps), task.task_id
+        crafts = [a for a, _ in steps if a.startswith("craft")]
+        assert crafts and not any(re.match(r"craft \d", a) for a in crafts), task.task_id
+        shown = set(lines_of(first))  # each craft is a listed command less its count
+        assert all(re.sub(r"^craft ", "craft 1 ", a) in shown or any(line.endswith(a[6:]) for line in shown)
+                   for a in crafts), task.task_id
+        assert crafts[-1].startswith(f"craft {task.goal} using "), task.task_id
+    task = env.tasks("test")[0]  # the subgoal expert (Multi2) writes its crafts the same way
+    state, _ = env.reset(task)
+    while not (action := env.expert_subgoal_action(state, f"craft 1 {task.goal}")).startswith("craft"):
+        env.step(state, action)
+    assert action.startswith(f"craft {task.goal} using ")
+
+
 def test_remind_goal_ends_every_observation_with_the_goal() -> None:
     env = TextCraft(compact=True, remind_goal=True)
     state, _ = env.reset(env.tasks("train")[0])

@@ -53,6 +53,7 @@ MAX_COUNT = 999
 _MAX_ACTION_CHARS = 500
 _GET = re.compile(r"get (\d+) (.+)")
 _CRAFT = re.compile(r"craft (?:\d+ )?(.+?) using (.+)")
+_COUNT = re.compile(r"^craft \d+ ")
 _INGREDIENT = re.compile(r"(\d+) (.+)")
 _SUBGOAL = re.compile(r"(?:craft|get) (\d+) (.+)")
 
@@ -95,6 +96,11 @@ class TextCraft(TextEnv):
         show_inventory: append the inventory to every observation, so the agent need not track it.
         expert: the demonstrator's order: all base items first, or each right before its craft.
         remind_goal: end every observation with the goal line (recent context is easier to copy).
+        craft_count: the expert's crafts name the recipe's output count, as the command lines do
+            (``craft 1 acacia button using 1 acacia planks``); False leaves it out (``craft acacia
+            button using 1 acacia planks``: the env accepts both, the recipe fixes the count).
+            Without it a craft starts with the very words of the goal line, which a small model
+            copies instead of first picking the count of the right line.
         rename: which items `rename` gives other names: ``all`` that the commands name, or only
             the ``goal``.
         test_fraction: fraction of goal items held out for the test split (hash of the name).
@@ -126,6 +132,7 @@ class TextCraft(TextEnv):
         show_inventory: bool = False,
         expert: Literal["bases_first", "just_in_time"] = "bases_first",
         remind_goal: bool = False,
+        craft_count: bool = True,
         rename: Literal["all", "goal"] = "all",
         test_fraction: float = 0.2,
         train_seeds: int = 4,
@@ -142,7 +149,7 @@ class TextCraft(TextEnv):
         self.min_depth, self.max_depth = min_depth, max_depth
         self.distractors, self.compact, self.max_steps = distractors, compact, max_steps
         self.goal_first, self.show_inventory, self.expert = goal_first, show_inventory, expert
-        self.remind_goal = remind_goal
+        self.remind_goal, self.craft_count = remind_goal, craft_count
         if rename not in ("all", "goal"):
             raise ValueError(f"rename must be 'all' or 'goal', got {rename!r}")
         self.rename_items = rename
@@ -319,15 +326,17 @@ class TextCraft(TextEnv):
         for base in plan.bases:
             if (short := need[base] - state.inventory.get(base, 0)) > 0:
                 return f"get {short} {item_id_to_str(base)}"
-        return lowest.line
+        return self._craft_action(lowest)
 
-    @staticmethod
-    def _one_craft(state: TextCraftState, recipe: Any) -> str:
+    def _one_craft(self, state: TextCraftState, recipe: Any) -> str:
         """Get what one craft of ``recipe`` lacks, then craft it."""
         for ing in recipe.inputs:
             if (short := ing.count - state.inventory.get(ing.name, 0)) > 0:
                 return f"get {short} {item_id_to_str(ing.name)}"
-        return recipe.line
+        return self._craft_action(recipe)
+
+    def _craft_action(self, recipe: Any) -> str:
+        return recipe.line if self.craft_count else _COUNT.sub("craft ", recipe.line, count=1)
 
     def random_action(self, state: TextCraftState, rng: random.Random) -> str:
         """A listed crafting command, a get of one of the plan's base items, or ``inventory``."""
@@ -376,7 +385,7 @@ class TextCraft(TextEnv):
             short = ing.count * crafts - state.inventory.get(ing.name, 0)
             if short > 0 and self.book.gettable(ing.name):
                 return f"get {short} {item_id_to_str(ing.name)}"
-        return recipe.line
+        return self._craft_action(recipe)
 
     # ------------------------------------------------------------------ renamed worlds (SFT)
     @cached_property
