@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: quickstart test install clean
+.PHONY: quickstart test lint install clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -19,8 +19,11 @@ install: $(VENV)/.installed
 quickstart: install
 	$(VENV)/bin/lit-agents quickstart
 
-test: install
+test: install lint
 	$(PY) -m pytest -q -x --durations=15
+
+lint: install
+	$(VENV)/bin/ruff check lit_agents callbacks tests benchmarks
 
 clean:
 	rm -rf $(VENV) runs lightning_logs

@@ -19,7 +19,6 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_agents.checkpointing import find_last_checkpoint
-
 from lit_agents.modules.base import AgentModule
 
 

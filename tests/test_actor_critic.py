@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from lightning.pytorch import Trainer
-from lit_agents.callbacks import KLAnchor
 
 from lit_agents.agents import HierarchicalAgent
+from lit_agents.callbacks import KLAnchor
 from lit_agents.data import DemonstrationDataModule, RolloutDataModule
 from lit_agents.modules import System1SFT, System2ActorCritic
 from lit_agents.policy import AgentPolicy

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 from lightning.pytorch import Trainer
-from lit_agents.callbacks import KLAnchor, LoRACheckpoint, SessionMetrics
 
 from lit_agents.agents import ReActAgent
+from lit_agents.callbacks import KLAnchor, LoRACheckpoint, SessionMetrics
 from lit_agents.data import DemonstrationDataModule, RolloutDataModule
 from lit_agents.modules import GRPOPolicy, System1SFT
 from lit_agents.policy import AgentPolicy

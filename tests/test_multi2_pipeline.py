@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from peft import PeftConfig
 
 from lit_agents.cli import main

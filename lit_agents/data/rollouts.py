@@ -38,7 +38,6 @@ from lit_agents.envs.base import Split, Task, TextEnv
 from lit_agents.strategies import full_parameters
 from lit_agents.types import Rollout
 
-
 #: a batch a rank plays when it has fewer batches than another rank (DDP steps in lock-step)
 PAD_STEP: list = []
 

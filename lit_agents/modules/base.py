@@ -17,9 +17,9 @@ import random
 from typing import Any, Literal
 
 import torch
-from torch import Tensor
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import grad_norm, rank_zero_warn
+from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lit_agents.algorithms.advantages import zero_signal_fraction
