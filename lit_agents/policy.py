@@ -250,12 +250,14 @@ class AgentPolicy(nn.Module):
         self._set_trainable(role, trainable)
 
     def load_role(self, role: str, path: str | Path, trainable: bool = False) -> None:
-        """Load a saved peft adapter as ``role`` (replacing an existing role of that name)."""
+        """Load a saved peft adapter as ``role`` (replacing an existing role of that name, which
+        stays active if it was)."""
         from peft import PeftModel
 
         path = str(path)
         if not (Path(path) / "adapter_config.json").exists():
             raise FileNotFoundError(f"no peft adapter at {path} (adapter_config.json missing)")
+        was_active = role == self.active_role
         if role in self._roles:
             self.model.delete_adapter(role)
             self._roles.remove(role)
@@ -265,6 +267,8 @@ class AgentPolicy(nn.Module):
             self.model = PeftModel.from_pretrained(self.model, path, adapter_name=role, is_trainable=trainable)
         self._roles.append(role)
         self._set_trainable(role, trainable)
+        if was_active:  # replacing the active role: forward passes go through the loaded weights
+            self.set_role(role)
 
     def _set_trainable(self, role: str, trainable: bool) -> None:
         for name, param in self.model.named_parameters():

@@ -85,6 +85,14 @@ def test_roles_adapters_and_reference(tiny_config, tmp_path):
     other.load_role("executor", folder)
     with other.role("executor"):
         torch.testing.assert_close(other.token_logprobs(ids, mask), expected)
+    # replacing the active role's weights: forward passes use the loaded ones at once
+    other.set_role("executor")
+    other.load_role("executor", folder)
+    assert other.active_role == "executor"
+    torch.testing.assert_close(other.token_logprobs(ids, mask), expected)
+    fresh = AgentPolicy(tiny=tiny_config, roles=["executor"], lora_r=4, attn_implementation="eager").eval()
+    fresh.load_role("executor", folder)
+    torch.testing.assert_close(fresh.token_logprobs(ids, mask), expected)
 
 
 def test_only_the_active_roles_train(tiny_config):
