@@ -10,12 +10,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-from collections import defaultdict
 from pathlib import Path
-
-import torch
+from typing import Any
 
 from lit_agents.cli import AgentsCLI
+from lit_agents.pipelines.multi2 import evaluate
 
 
 def main() -> None:
@@ -25,22 +24,17 @@ def main() -> None:
     results = json.loads((args.out / "results.json").read_text())
     config = Path(results["rl_adapters"]).parents[1] / "config.yaml"  # <log_dir>/config.yaml
     cli = AgentsCLI(args=["-c", str(config)], run=False)  # the RL stage: the SFT model + a LoRA
-    policy, dm = cli.model.policy, cli.datamodule
+    policy = cli.model.policy
     policy.load_role("default", Path(results["rl_adapters"]) / "default")
-    policy.eval()
-    report: dict[str, dict[str, str]] = {}
+    report: dict[str, dict[str, Any]] = {}
     for name in ("sft", "rl"):
         for split in ("test", "val"):
-            tasks = dm.held_out_tasks(split)
-            with torch.no_grad(), (policy.adapters_disabled() if name == "sft" else contextlib.nullcontext()):
-                rollouts = dm.agent.run(policy, dm.env, tasks, 1, greedy=True, seed=0)
-            by_depth: dict[int, list[bool]] = defaultdict(list)
-            for task, rollout in zip(tasks, rollouts):
-                by_depth[int(task.meta.get("depth", 0))].append(rollout.success)
-            cells = {f"depth {d}": f"{sum(v)}/{len(v)}" for d, v in sorted(by_depth.items())}
-            cells["all"] = f"{sum(r.success for r in rollouts)}/{len(rollouts)}"
-            report[f"{name} {split}"] = cells
-            print(f"{name:>3} {split:>4}: " + ", ".join(f"{k} {v}" for k, v in cells.items()), flush=True)
+            with policy.adapters_disabled() if name == "sft" else contextlib.nullcontext():
+                result = evaluate(cli, split)
+            report[f"{name} {split}"] = result
+            cells = [f"depth {d} {p * 100:.1f}% of {result['tasks_by_depth'][d]}" for d, p in result["by_depth"].items()]
+            print(f"{name:>3} {split:>4}: " + ", ".join([*cells, f"all {result['success'] * 100:.1f}% of {result['tasks']}"]),
+                  flush=True)
     (args.out / "by_depth.json").write_text(json.dumps(report, indent=2))
 
 

@@ -18,6 +18,7 @@ def test_multi2_pipeline_short(tmp_path, capsys):
                                        "system2_online", "flat_sft", "flat_grpo"]
     for stage in results["stages"].values():
         assert set(stage) >= {"seconds", "val", "test"} and 0.0 <= stage["test"]["success"] <= 1.0
+        assert sum(stage["val"]["tasks_by_depth"].values()) == stage["val"]["tasks"]
     for role, folder in (("planner", "system1"), ("executor", "warmup"), ("executor", "offline")):
         assert PeftConfig.from_pretrained(str(out / "adapters" / folder / role)).r == 32
     assert (out / "offline_demos.jsonl").exists() and (out / "backbone_model" / "config.json").exists()

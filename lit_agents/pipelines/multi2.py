@@ -32,8 +32,8 @@ STAGES = ("system1_sft", "system2_warmup", "system2_offline", "system2_online")
 
 
 def evaluate(cli, split: str, tasks: int | None = None) -> dict[str, Any]:
-    """Greedy success on a held-out split, overall and by crafting depth, and generated tokens
-    per episode."""
+    """Greedy success on a held-out split (``tasks`` of it; None: all), overall and by crafting
+    depth (with the tasks per depth), and generated tokens per episode."""
     dm, policy = cli.datamodule, cli.model.policy
     held = dm.held_out_tasks(split)[:tasks]
     rollouts = dm.agent.run(policy.eval(), dm.env, held, 1, greedy=True, seed=0)
@@ -44,6 +44,7 @@ def evaluate(cli, split: str, tasks: int | None = None) -> dict[str, Any]:
     return {
         "success": sum(r.success for r in rollouts) / max(len(rollouts), 1),
         "by_depth": {d: sum(v) / len(v) for d, v in sorted(by_depth.items())},
+        "tasks_by_depth": {d: len(v) for d, v in sorted(by_depth.items())},
         "tokens_per_episode": sum(r.num_generated for r in rollouts) / max(len(rollouts), 1),
         "tasks": len(rollouts),
     }
