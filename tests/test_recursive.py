@@ -128,12 +128,12 @@ def test_rao_policy_node_advantages_by_hand(policy):
     assert len(rows) == 4
 
 
-@pytest.mark.parametrize("difficulty", ["easy", "medium"])
+@pytest.mark.parametrize("difficulty", ["easy", "medium", "hard"])
 def test_expert_trees_delegate_and_deepen_with_difficulty(policy, difficulty):
     """The recursive expert's trees (code run in the sandboxes) solve their tasks, every child
     meets its goal, and harder tasks grow deeper trees; the linear expert uses one node."""
     env = TextCraftSynth(difficulty=difficulty)
-    deep = RecursiveAgent(max_nodes=64, max_depth=8)
+    deep = RecursiveAgent(max_nodes=128, max_depth=12)
     flat = RecursiveAgent(recursive=False)
     depths = []
     for task in env.tasks("train")[:3]:
@@ -145,7 +145,7 @@ def test_expert_trees_delegate_and_deepen_with_difficulty(policy, difficulty):
         depths.append(tree.meta["depth"])
         line = flat.expert_rollout(policy, env, task)
         assert line.success and line.meta["nodes"] == 1
-    assert max(depths) >= (3 if difficulty == "medium" else 1)
+    assert max(depths) >= {"easy": 1, "medium": 3, "hard": 6}[difficulty]
 
 
 def test_recursive_demonstrations_give_rows_for_every_node(policy, tmp_path, tiny_config):

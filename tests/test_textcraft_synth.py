@@ -13,6 +13,7 @@ import pytest
 from lit_agents.envs import StepResult, Task, play_expert
 from lit_agents.envs.textcraft_synth import (
     DEPTHS,
+    SynthRecipe,
     SynthState,
     SynthWorld,
     TextCraftSynth,
@@ -133,6 +134,7 @@ def test_reset_is_deterministic_and_start_holds_raw_only(env: TextCraftSynth) ->
     assert all(s1.inventory[i] >= n for i, n in raw.items()) and len(s1.inventory) > len(raw)
     other = env.reset(Task("x", task.goal, task.seed + 1))[0]
     assert other.inventory.keys() >= raw.keys() and other.inventory != s1.inventory
+    assert all(s1.inventory[i] >= n for i, n in env.world.tree_raw(s1.targets).items())
     steps_a = [r.observation for _, r in play_expert(env, task)[1]]
     steps_b = [r.observation for _, r in play_expert(TextCraftSynth("medium"), task)[1]]
     assert steps_a == steps_b
@@ -264,6 +266,13 @@ def test_fork_goal_met_and_shared_inventory(env: TextCraftSynth) -> None:
     while not parent.done:  # the parent finishes the job with what the child made
         env.step(parent, env.expert_action(parent))
     assert parent.success
+    # a sibling using the shared item before the child finishes does not fail the child
+    state, _ = env.reset(task)
+    child = env.fork(state, goal)
+    while (action := env.expert_action(child)) != "finish":
+        env.step(child, action)
+    state.inventory[part] = 0  # consumed by a concurrent sibling
+    assert not env.goal_met(child, goal) and env.step(child, "finish").success
     raw = next(i for i in env.world.names if env.world.tier[i] == 0)
     for bad in ["make a sword", f"craft 2 {raw}", "craft 0 " + part, "craft 1 zzzz", ""]:
         with pytest.raises(ValueError):
@@ -333,3 +342,17 @@ def test_pickle_corpus_and_errors(env: TextCraftSynth) -> None:
     assert TextCraftSynth(require_info=False).expert_action(
         TextCraftSynth(require_info=False).reset(env.tasks("train")[0])[0]
     ).startswith("craft ")
+
+
+def test_tree_raw_crafts_each_share_in_whole_runs() -> None:
+    """By hand on a made-up world: A (tier 2) = 1 B + 1 r per run, yield 1; B (tier 1) = 1 r
+    per run, yield 2. 3 A: 3 runs -> 3 B + 3 r. A tree node crafts its 3 B in 2 runs (2 r) on
+    its own: 5 r in all; the linear plan also makes 4 B (2 runs, 2 r): 5 r too. Two targets
+    sharing B: 1 A + 1 B. Linear: need B 1 + 1 = 2 -> 1 run (1 r), + 1 r for A = 2 r. Tree:
+    A's child makes 1 B (1 run, 1 r), A takes 1 r, the B target 1 run (1 r) = 3 r."""
+    world = object.__new__(SynthWorld)
+    world.tier, world.max_tier = {"r": 0, "b": 1, "a": 2}, 2
+    world.recipes = {"b": SynthRecipe("b", 2, (("r", 1),)), "a": SynthRecipe("a", 1, (("b", 1), ("r", 1)))}
+    assert world.tree_raw({"a": 3}) == {"r": 5} == world.plan({"a": 3}, {}, {})[1]
+    assert world.plan({"a": 1, "b": 1}, {}, {})[1] == {"r": 2}
+    assert world.tree_raw({"a": 1, "b": 1}) == {"r": 3}

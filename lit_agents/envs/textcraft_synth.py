@@ -7,7 +7,9 @@ so an item's crafting depth equals its tier. Names are invented syllable words (
 prior knowledge helps: recipes are discovered with ``get_info``. A task asks for one or more target
 items; the start inventory holds exactly the raw materials the targets need plus a buffer and a
 few unneeded raw materials. Success: ``finish`` called with every target crafted net of the
-starting inventory. ``finish`` ends the episode, successful or not.
+starting inventory (a subagent: with every target crafted by itself or its own subagents, so
+that concurrent siblings using a shared item do not fail it). ``finish`` ends the episode,
+successful or not.
 
 Two interfaces act on one state (`SynthState`): text actions for ReAct loops (`instructions`) and
 Python functions for the REPL (`TextCraftSynth.functions`, `function_instructions`). Subagents
@@ -144,6 +146,21 @@ class SynthWorld:
                         need[ing] += -(-amount // recipe.count) * count
         return to_craft, {i: n for i, n in sorted(need.items()) if self.tier[i] == 0}
 
+    def tree_raw(self, targets: dict[str, int]) -> dict[str, int]:
+        """Raw amounts a delegating tree uses for ``targets`` when no node nets against what
+        others hold: each crafted item is made on its own, in whole runs, from its own inputs
+        (`TextCraftSynth.expert_recursive_program`). At least `plan`'s raw amounts."""
+        raw: Counter[str] = Counter()
+        stack = list(targets.items())
+        while stack:
+            item, amount = stack.pop()
+            if self.tier[item] == 0:
+                raw[item] += amount
+                continue
+            recipe = self.recipes[item]
+            stack += [(ing, -(-amount // recipe.count) * count) for ing, count in recipe.inputs]
+        return dict(sorted(raw.items()))
+
 
 _WORLDS: dict[tuple[Any, ...], SynthWorld] = {}
 
@@ -169,18 +186,19 @@ def load_world(
 
 @dataclass
 class SynthState:
-    """One (sub)episode. ``inventory``, ``crafted`` (items ever crafted) and ``known`` (recipes
-    looked up) are shared by reference with forked children; ``start`` and ``crafted_start``
-    are this episode's snapshots of them, ``plan`` the amounts to craft as of the start."""
+    """One (sub)episode. ``inventory`` and ``known`` (recipes looked up) are shared by
+    reference with forked children; ``start`` is this episode's snapshot of the inventory,
+    ``plan`` the amounts to craft as of the start, ``made`` what this episode and its
+    subagents (``parent`` links) crafted since the start."""
 
     task: Task
     targets: dict[str, int]
     inventory: dict[str, int]
     start: dict[str, int]
     plan: dict[str, int]
-    crafted: Counter[str] = field(default_factory=Counter)
-    crafted_start: dict[str, int] = field(default_factory=dict)
     known: set[str] = field(default_factory=set)
+    made: Counter[str] = field(default_factory=Counter)
+    parent: SynthState | None = None
     steps: int = 0
     done: bool = False
     success: bool = False
@@ -344,10 +362,12 @@ class TextCraftSynth(TextEnv):
         return Task(f"textcraft_synth/{seed}", goal_text(targets), seed, meta)
 
     def reset(self, task: Task) -> tuple[SynthState, str]:
-        """Start an episode: the goal fixes the raw materials needed, the seed the buffer and
-        the unneeded raw materials of the start inventory."""
+        """Start an episode: the goal fixes the raw materials needed (enough for a linear plan
+        and for a tree of subagents that each craft their own share, `SynthWorld.tree_raw`),
+        the seed the buffer and the unneeded raw materials of the start inventory."""
         targets = self.parse_goal(task.goal)
         _, raw = self.world.plan(targets, {}, {})
+        raw = {i: max(n, raw.get(i, 0)) for i, n in self.world.tree_raw(targets).items()}
         rng = random.Random(f"textcraft-synth/start/{self.world_args}/{task.goal}/{task.seed}")
         inventory = {i: n + rng.randint(0, int(self.buffer * n)) for i, n in raw.items()}
         others = [i for i in self.world.names if self.world.tier[i] == 0 and i not in raw]
@@ -360,13 +380,13 @@ class TextCraftSynth(TextEnv):
 
     def fork(self, state: SynthState, goal: str) -> SynthState:
         """A child episode on ``goal`` over the same inventory (and known recipes), net of the
-        inventory now; its steps, ``finish`` and success are its own. ValueError for a goal
-        outside the goal language."""
+        inventory now; its steps, ``finish`` and success (its own subtree's crafts) are its
+        own, its crafts count for ``state`` too. ValueError for a goal outside the goal
+        language."""
         targets, start = self.parse_goal(goal), snapshot(state)
         plan, _ = self.world.plan(targets, state.inventory, start)
         task = Task(f"{state.task.task_id}/fork", goal, state.task.seed)
-        return SynthState(task, targets, state.inventory, start, plan, state.crafted,
-                          dict(state.crafted), state.known)
+        return SynthState(task, targets, state.inventory, start, plan, state.known, parent=state)
 
     def intro(self, state: SynthState) -> str:
         """The first observation of a (sub)episode: its goal and the inventory."""
@@ -473,14 +493,20 @@ class TextCraftSynth(TextEnv):
             if inv[ing] == 0:
                 del inv[ing]
         inv[name] = inv.get(name, 0) + runs * recipe.count
-        state.crafted[name] += runs * recipe.count
+        node: SynthState | None = state
+        while node is not None:  # a subagent's crafts count for its ancestors
+            node.made[name] += runs * recipe.count
+            node = node.parent
         return f"Crafted {runs * recipe.count} {name}."
 
     def _finish(self, state: SynthState) -> str:
         if state.done:
             raise _Fail("the episode is over.")
         state.done = True
-        missing = _missing(state.inventory, state.targets, state.start)
+        if state.parent is None:
+            missing = _missing(state.inventory, state.targets, state.start)
+        else:  # a sibling may have used some since: count what this subtree made
+            missing = {t: n - state.made[t] for t, n in state.targets.items() if state.made[t] < n}
         state.success = not missing
         if state.success:
             return f"Success: {goal_text(state.targets)}."
@@ -496,11 +522,10 @@ class TextCraftSynth(TextEnv):
 
     def progress(self, state: SynthState) -> float:
         """Mean over the items of the start's plan of the share of their amount crafted since
-        the start; 1.0 on success. Never decreases (crafted counts only grow)."""
+        the start by this episode and its subagents; 1.0 on success. Never decreases."""
         if state.success or not state.plan:
             return float(state.success)
-        since = {i: state.crafted[i] - state.crafted_start.get(i, 0) for i in state.plan}
-        return sum(min(1.0, since[i] / n) for i, n in state.plan.items()) / len(state.plan)
+        return sum(min(1.0, state.made[i] / n) for i, n in state.plan.items()) / len(state.plan)
 
     def expert_action(self, state: SynthState) -> str:
         """Look recipes up top-down (so each name was seen in the goal or a recipe before), then
@@ -537,8 +562,7 @@ class TextCraftSynth(TextEnv):
         ``asyncio.gather``), then craft the targets and finish. A leaf (only raw inputs) crafts
         directly; the tree's depth follows the items' tiers. Children ask for whole amounts
         (held items may be a concurrent sibling's), so recipes yielding several per run leave
-        leftovers: deep trees can run out of raw materials (solved: easy 10/10, medium 9/10,
-        hard 2/10 of the first train tasks; the flat expert solves all)."""
+        leftovers, which `reset` provides raw materials for (`SynthWorld.tree_raw`)."""
         lines = [f'print(get_info("{t}"))' for t in state.targets]
         need: Counter[str] = Counter()
         for target, amount in state.targets.items():
