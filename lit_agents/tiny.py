@@ -56,6 +56,9 @@ class TinyConfig:
         intermediate_size: MLP width.
         max_position_embeddings: longest context.
         seed: initialisation seed.
+        corpus: the text the tokenizer is built from: ``textcraft`` (TextCraft's recipes and
+            observations) or ``textcraft_synth`` (TextCraft-Synth's invented item names and the
+            Python its REPL agents write, for RAO).
     """
 
     arch: Literal["qwen2", "llama"] = "qwen2"
@@ -67,13 +70,30 @@ class TinyConfig:
     intermediate_size: int = 512
     max_position_embeddings: int = 4096
     seed: int = 0
+    corpus: Literal["textcraft", "textcraft_synth"] = "textcraft"
 
 
-def default_corpus() -> Iterator[str]:
-    """Text of the environments shipped with the library (their `corpus()`), in a fixed order."""
-    from lit_agents.envs.textcraft import TextCraft
+def default_corpus(name: str = "textcraft") -> Iterator[str]:
+    """Text of an environment shipped with the library (its `corpus()`), in a fixed order; for
+    ``textcraft_synth`` also the expert's REPL programs (linear and recursive) of train tasks
+    of every difficulty, so that code and the subagent tool are words of the vocabulary."""
+    if name == "textcraft":
+        from lit_agents.envs.textcraft import TextCraft
 
-    yield from TextCraft(min_depth=1, max_depth=10).corpus()
+        yield from TextCraft(min_depth=1, max_depth=10).corpus()
+    elif name == "textcraft_synth":
+        from lit_agents.agents.recursive import LAUNCH_DOC
+        from lit_agents.envs.textcraft_synth import TextCraftSynth
+
+        yield LAUNCH_DOC + "\n```python\n```"
+        for difficulty in ("easy", "medium", "hard"):
+            env = TextCraftSynth(difficulty)
+            yield from env.corpus()
+            for task in env.tasks("train")[:50]:
+                yield env.expert_program(task)
+                yield env.expert_recursive_program(env.reset(task)[0])
+    else:
+        raise ValueError(f"corpus must be 'textcraft' or 'textcraft_synth', got {name!r}")
 
 
 def build_tokenizer(corpus: Iterable[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
@@ -138,7 +158,7 @@ def embedded_default(cfg: TinyConfig | None = None, path: str | os.PathLike | No
     folder = Path(path) if path is not None else cache_root() / f"tiny-{key}"
     if (folder / "config.json").exists() and (folder / "tokenizer.json").exists():
         return str(folder)
-    tokenizer = build_tokenizer(default_corpus(), cfg.vocab_size)
+    tokenizer = build_tokenizer(default_corpus(cfg.corpus), cfg.vocab_size)
     model = build_model(tokenizer, cfg)
     # write to a private folder then rename, so a concurrent or killed build never leaves half
     # a model behind

@@ -8,7 +8,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lit_agents.policy import AgentPolicy, ChatFormat
-from lit_agents.tiny import END, SPECIAL_TOKENS, embedded_default
+from lit_agents.tiny import END, SPECIAL_TOKENS, build_tokenizer, default_corpus, embedded_default
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +25,21 @@ def test_embedded_default_roundtrips_env_text(tiny_folder, textcraft):
     assert len(tok.encode(" acacia planks", add_special_tokens=False)) == 2
     assert all(tok.convert_tokens_to_ids(t) != tok.unk_token_id for t in SPECIAL_TOKENS)
     assert tok.eos_token == END and tok.pad_token is not None
+
+
+def test_synth_corpus_makes_item_names_and_repl_code_short():
+    from lit_agents.envs import TextCraftSynth
+
+    tok = build_tokenizer(default_corpus("textcraft_synth"), 2048)
+    env = TextCraftSynth("hard")
+    task = env.tasks("test")[0]  # unseen targets: their names are still words of the corpus
+    code = env.expert_recursive_program(env.reset(task)[0])
+    assert tok.decode(tok.encode(code, add_special_tokens=False)) == code
+    names = [n for n in env.world.names if f" {n}" in code or f'"{n}' in code]
+    assert names and all(len(tok.encode(f" {n}", add_special_tokens=False)) == 1 for n in names)
+    assert len(tok.encode(code, add_special_tokens=False)) < len(code) / 3
+    with pytest.raises(ValueError, match="corpus must be"):
+        next(default_corpus("alfworld"))
 
 
 def test_embedded_default_is_deterministic_and_cached(tiny_config, tmp_path):

@@ -107,6 +107,23 @@ def test_live_sampling_runs_end_to_end(policy, env):
     assert len(rollouts) == 4 and all(len(r.sessions[0].calls) <= 2 for r in rollouts)
 
 
+def test_context_window_ends_a_node_before_it_overflows(policy, env):
+    """A node whose next turn (context so far + observation + max_new_tokens) would not fit
+    its window ends unfinished, reason ``context``; nothing it saw or wrote passes the window."""
+    task = env.tasks("train")[0]
+    agent = RecursiveAgent(max_new_tokens=16, max_steps=25, repl_timeout_s=5.0)
+    first = len(policy.chat.start(agent.system_text(env), env.intro(env.reset(task)[0])))
+    agent.max_context_tokens = first + 16 + 40  # one turn and a short observation
+    (rollout,) = agent.run(policy, env, [task], seed=0)
+    (root,) = rollout.sessions
+    used = sum(len(c.prompt_ids) + len(c.completion_ids) for c in root.calls)
+    assert rollout.meta["reason"] == "context" and not rollout.success and 1 <= len(root.calls) < 25
+    assert used <= agent.max_context_tokens and root.meta["answer"].startswith("stopped: context window")
+    agent.max_context_tokens = first + 15  # not even the first turn fits
+    (rollout,) = agent.run(policy, env, [task], seed=0)
+    assert rollout.sessions[0].calls == [] and rollout.meta["reason"] == "context"
+
+
 def test_rao_policy_node_advantages_by_hand(policy):
     from lit_agents.modules import RAOPolicy
     from lit_agents.types import Rollout, Session

@@ -7,8 +7,10 @@ depth + 1, the env state forked with ``env.fork(state, goal)`` so children share
 inventory), whose final answer is returned to the parent's code. Children started together
 (``asyncio.gather``) run concurrently; every node waiting for the model, in every tree, is
 batched into one engine call per step. A node ends when its state is done (``finish()``) or
-after ``max_steps`` turns; a child's turns do not count against its parent. Limits on depth and
-on nodes per tree refuse further ``launch_subagent`` calls with an error the code can catch.
+after ``max_steps`` turns (a child's turns do not count against its parent), or when its next
+turn would not fit its context window (``max_context_tokens``: the prompt, its turns, their
+observations, and room for ``max_new_tokens``). Limits on depth and on nodes per tree refuse
+further ``launch_subagent`` calls with an error the code can catch.
 
 Every node is one session of the rollout (``main`` at the root, ``subagent`` below) with
 ``parent`` and ``depth``; ``meta`` holds its goal, its own verified success (``success``), steps
@@ -52,6 +54,7 @@ class _Node:
     pending_text: str = ""
     pending_end: bool = False
     context: Any = None
+    tokens: int = 0  # the node's context so far: prompts, observations, completions
     steps: int = 0
     done: bool = False
     answer: str = ""
@@ -70,6 +73,9 @@ class RecursiveAgent(Agent):
         max_steps: model turns per node (a child's turns are its own).
         max_nodes: nodes per tree; further launches are refused.
         recursive: offer ``launch_subagent`` (False: the linear baseline).
+        max_context_tokens: each node's context window; a node whose next turn (its context
+            so far, the new observation and ``max_new_tokens``) would not fit ends there,
+            unfinished. None: unlimited.
         repl_timeout_s: wall-clock limit of one code block (time waiting for tools excluded).
         repl_memory_mb: address-space limit of each node's REPL process.
         system_prompt: the system message; ``None`` = the env's function instructions (+ the
@@ -86,6 +92,7 @@ class RecursiveAgent(Agent):
         max_steps: int = 25,
         max_nodes: int = 16,
         recursive: bool = True,
+        max_context_tokens: int | None = None,
         repl_timeout_s: float = 10.0,
         repl_memory_mb: int = 1024,
         system_prompt: str | None = None,
@@ -93,7 +100,7 @@ class RecursiveAgent(Agent):
     ) -> None:
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.max_depth, self.max_steps, self.max_nodes = max_depth, max_steps, max_nodes
-        self.recursive = recursive
+        self.recursive, self.max_context_tokens = recursive, max_context_tokens
         self.repl_timeout_s, self.repl_memory_mb = repl_timeout_s, repl_memory_mb
         self.system_prompt, self.show_progress = system_prompt, show_progress
 
@@ -141,6 +148,10 @@ class RecursiveAgent(Agent):
         concurrency = [1] * len(trees)  # most of a tree's nodes waiting on the model at once
         try:
             while ready := [n for tree in trees for n in tree if not n.done and not n.waiting]:
+                if full := [n for n in ready if not self._fits(n)]:
+                    for node in full:  # may resume a parent: look again
+                        self._end(policy, env, trees, node, f"stopped: context window of {self.max_context_tokens} tokens full")
+                    continue
                 for t, count in Counter(n.tree for n in ready).items():
                     concurrency[t] = max(concurrency[t], count)
                 texts = self.complete(policy, engine, ready, params, generator, policy_version)
@@ -166,7 +177,8 @@ class RecursiveAgent(Agent):
             texts = []
             for node in nodes:
                 text = f"```python\n{self.expert_code(self._expert_env, node)}```"
-                node.session.calls.append(written_call(policy, node.pending, node.pending_text, text))
+                node.session.calls.append(call := written_call(policy, node.pending, node.pending_text, text))
+                node.tokens += len(node.pending) + len(call.completion_ids)
                 node.pending_end = False
                 texts.append(text)
             return texts
@@ -177,6 +189,7 @@ class RecursiveAgent(Agent):
             node.session.calls.append(Call(node.pending, list(out.token_ids), list(out.logprobs),
                                            policy.active_role or "default", version, node.pending_text, text))
             node.context = out.context
+            node.tokens += len(node.pending) + len(out.token_ids)
             node.pending_end = out.finish_reason == "length"
             texts.append(text)
         return texts
@@ -238,31 +251,39 @@ class RecursiveAgent(Agent):
         child = self._new_node(policy, env, trees, node.tree, goal, state, node.depth + 1, node, call.call_id)
         node.waiting[call.call_id] = child
 
+    def _fits(self, node: _Node) -> bool:
+        limit = self.max_context_tokens
+        return limit is None or node.tokens + len(node.pending) + self.max_new_tokens <= limit
+
     def _after_code(self, policy, env, trees, node: _Node, result: ReplResult) -> None:
         observation = result.observation()
-        finished = bool(getattr(node.state, "done", False))
-        if finished or node.steps >= self.max_steps:
-            node.done = True
-            node.session.meta.update(success=bool(getattr(node.state, "success", False)), steps=node.steps)
-            node.answer = observation if finished else f"stopped after {node.steps} turns without finishing"
-            node.session.meta["answer"] = node.answer
-            node.repl.close()
-            parent = node.parent
-            if parent is not None:
-                parent.waiting.pop(node.parent_call, None)
-                parent.repl.respond(node.parent_call, value=node.answer)
-                if not parent.waiting:
-                    self._drive(policy, env, trees, parent)
-            return
-        node.pending_text = observation
-        node.pending = ([policy.chat.end_id] if node.pending_end else []) + policy.chat.next(observation)
+        if getattr(node.state, "done", False):
+            self._end(policy, env, trees, node, observation)
+        elif node.steps >= self.max_steps:
+            self._end(policy, env, trees, node, f"stopped after {node.steps} turns without finishing")
+        else:
+            node.pending_text = observation
+            node.pending = ([policy.chat.end_id] if node.pending_end else []) + policy.chat.next(observation)
+
+    def _end(self, policy, env, trees, node: _Node, answer: str) -> None:
+        """Close the node; its answer goes back to its parent's code, which resumes."""
+        node.done, node.answer = True, answer
+        node.session.meta.update(success=bool(getattr(node.state, "success", False)), steps=node.steps,
+                                 answer=answer)
+        node.repl.close()
+        parent = node.parent
+        if parent is not None:
+            parent.waiting.pop(node.parent_call, None)
+            parent.repl.respond(node.parent_call, value=answer)
+            if not parent.waiting:
+                self._drive(policy, env, trees, parent)
 
     @staticmethod
     def _rollout(tree: list[_Node], task: Task, group: int, seconds: float, concurrency: int) -> Rollout:
         root = tree[0]
         success = bool(root.session.meta.get("success"))
         meta = {"steps": sum(n.steps for n in tree), "nodes": len(tree), "depth": max(n.depth for n in tree),
-                "reason": "finished" if root.state.done else "max_steps", "seconds": seconds, "concurrency": concurrency}
+                "reason": _reason(root), "seconds": seconds, "concurrency": concurrency}
         if "depth" in task.meta:  # the task's crafting depth: its difficulty
             meta["difficulty"] = task.meta["depth"]
         return Rollout(task.task_id, group, [n.session for n in tree], float(success), success, meta)
@@ -297,3 +318,10 @@ class RecursiveAgent(Agent):
     def replay(self, policy: AgentPolicy, env: TextEnv, episode, group_id: int = 0) -> Rollout:
         """A demonstration as an execution tree: the expert grows it again (`expert_rollout`)."""
         return self.expert_rollout(policy, env, episode.task, group_id)
+
+
+def _reason(node: _Node) -> str:
+    """Why a node ended: ``finished``, ``context`` (window full) or ``max_steps``."""
+    if getattr(node.state, "done", False):
+        return "finished"
+    return "context" if node.answer.startswith("stopped: context") else "max_steps"
