@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -27,6 +28,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=None, help="held-out tasks per split (default: all)")
     parser.add_argument("--set", nargs="*", default=[], help="extra overrides, e.g. data.init_args.agent.init_args.max_context_tokens=2048")
     args = parser.parse_args()
+    sys.argv = sys.argv[:1]  # the CLI below reads its arguments from `args` only
     last = args.log_dir / "adapters" / "last"
     config = yaml.safe_load((args.log_dir / "config.yaml").read_text())
     for key in ("ckpt_path", "weights_only"):  # fit-only keys

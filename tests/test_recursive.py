@@ -165,6 +165,30 @@ def test_expert_trees_delegate_and_deepen_with_difficulty(policy, difficulty):
     assert max(depths) >= {"easy": 1, "medium": 3, "hard": 6}[difficulty]
 
 
+def test_look_first_experts_and_a_window_too_small_for_the_linear_agent(policy):
+    """Experts that read recipes before using them: a recursive node looks its targets up, then
+    delegates and crafts (two turns); the linear agent looks the tree up level by level, then
+    crafts. In a 384-token window the linear agent cannot hold a hard task; every node of the
+    recursive tree can."""
+    env = TextCraftSynth(difficulty="hard")
+    deep = RecursiveAgent(look_first=True, max_nodes=128, max_depth=12, max_new_tokens=256,
+                          max_context_tokens=384, system_prompt="")
+    flat = RecursiveAgent(look_first=True, recursive=False, max_new_tokens=256, system_prompt="")
+    for task in env.tasks("train")[:2]:
+        tree = deep.expert_rollout(policy, env, task)
+        assert tree.success and all(s.meta["success"] for s in tree.sessions)
+        assert all(len(s.calls) == 2 for s in tree.sessions)
+        assert "get_info" in tree.sessions[0].calls[0].completion_text
+        assert "get_info" not in tree.sessions[0].calls[1].completion_text
+        line = flat.expert_rollout(policy, env, task)  # unlimited window: solved
+        levels = len(env._levels(env.reset(task)[0]))
+        assert line.success and len(line.sessions[0].calls) == levels + 1
+        flat.max_context_tokens = 384
+        short = flat.expert_rollout(policy, env, task)
+        flat.max_context_tokens = None
+        assert not short.success and short.meta["reason"] == "context"
+
+
 def test_recursive_demonstrations_give_rows_for_every_node(policy, tmp_path, tiny_config):
     from lightning.pytorch import Trainer
 

@@ -7,9 +7,9 @@ depth + 1, the env state forked with ``env.fork(state, goal)`` so children share
 inventory), whose final answer is returned to the parent's code. Children started together
 (``asyncio.gather``) run concurrently; every node waiting for the model, in every tree, is
 batched into one engine call per step. A node ends when its state is done (``finish()``) or
-after ``max_steps`` turns (a child's turns do not count against its parent), or when its next
-turn would not fit its context window (``max_context_tokens``: the prompt, its turns, their
-observations, and room for ``max_new_tokens``). Limits on depth and on nodes per tree refuse
+after ``max_steps`` turns (a child's turns do not count against its parent), or when its
+context window (``max_context_tokens``: the prompt, its turns, their observations) is full; a
+turn writes at most the room left. Limits on depth and on nodes per tree refuse
 further ``launch_subagent`` calls with an error the code can catch.
 
 Every node is one session of the rollout (``main`` at the root, ``subagent`` below) with
@@ -19,6 +19,7 @@ and answer. With ``recursive=False`` there is no ``launch_subagent``: the linear
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections import Counter
@@ -36,6 +37,7 @@ LAUNCH_DOC = (
     "sub-goal in the goal language, sharing your inventory, and returns its final answer; start "
     "several at once with asyncio.gather. "
 )
+_ROOM_STEP = 16  # a turn's room in the context window, in steps of this many tokens
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
 
@@ -73,9 +75,13 @@ class RecursiveAgent(Agent):
         max_steps: model turns per node (a child's turns are its own).
         max_nodes: nodes per tree; further launches are refused.
         recursive: offer ``launch_subagent`` (False: the linear baseline).
-        max_context_tokens: each node's context window; a node whose next turn (its context
-            so far, the new observation and ``max_new_tokens``) would not fit ends there,
-            unfinished. None: unlimited.
+        look_first: expert demonstrations (`expert_rollout`) read recipes before using them:
+            a node's first turn(s) only look recipes up and the next writes the rest from
+            what they showed (`TextCraftSynth.expert_turn`), instead of one block that knows
+            the recipes by heart. What an agent needs for targets it never trained on.
+        max_context_tokens: each node's context window: a turn writes at most the room left
+            (rounded down to a multiple of 16), and a node with less than 16 tokens of room
+            ends there, unfinished (reason ``context``). None: unlimited.
         repl_timeout_s: wall-clock limit of one code block (time waiting for tools excluded).
         repl_memory_mb: address-space limit of each node's REPL process.
         system_prompt: the system message; ``None`` = the env's function instructions (+ the
@@ -92,6 +98,7 @@ class RecursiveAgent(Agent):
         max_steps: int = 25,
         max_nodes: int = 16,
         recursive: bool = True,
+        look_first: bool = False,
         max_context_tokens: int | None = None,
         repl_timeout_s: float = 10.0,
         repl_memory_mb: int = 1024,
@@ -100,7 +107,7 @@ class RecursiveAgent(Agent):
     ) -> None:
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.max_depth, self.max_steps, self.max_nodes = max_depth, max_steps, max_nodes
-        self.recursive, self.max_context_tokens = recursive, max_context_tokens
+        self.recursive, self.look_first, self.max_context_tokens = recursive, look_first, max_context_tokens
         self.repl_timeout_s, self.repl_memory_mb = repl_timeout_s, repl_memory_mb
         self.system_prompt, self.show_progress = system_prompt, show_progress
 
@@ -148,7 +155,7 @@ class RecursiveAgent(Agent):
         concurrency = [1] * len(trees)  # most of a tree's nodes waiting on the model at once
         try:
             while ready := [n for tree in trees for n in tree if not n.done and not n.waiting]:
-                if full := [n for n in ready if not self._fits(n)]:
+                if full := [n for n in ready if self._room(n) < _ROOM_STEP]:
                     for node in full:  # may resume a parent: look again
                         self._end(policy, env, trees, node, f"stopped: context window of {self.max_context_tokens} tokens full")
                     continue
@@ -182,9 +189,17 @@ class RecursiveAgent(Agent):
                 node.pending_end = False
                 texts.append(text)
             return texts
-        outs = engine.generate([n.context for n in nodes], [n.pending for n in nodes], params, generator)
+        outs: dict[int, Any] = {}
+        by_room: dict[int, list[int]] = {}  # nodes whose window leaves them less to write
+        for i, node in enumerate(nodes):
+            by_room.setdefault(min(self._room(node) // _ROOM_STEP * _ROOM_STEP, params.max_new_tokens), []).append(i)
+        for room, index in by_room.items():
+            batch = [nodes[i] for i in index]
+            done = engine.generate([n.context for n in batch], [n.pending for n in batch],
+                                   dataclasses.replace(params, max_new_tokens=room), generator)
+            outs.update(zip(index, done))
         texts = []
-        for node, out in zip(nodes, outs):
+        for node, out in zip(nodes, (outs[i] for i in range(len(nodes)))):
             text = policy.chat.decode_completion(out.token_ids)
             node.session.calls.append(Call(node.pending, list(out.token_ids), list(out.logprobs),
                                            policy.active_role or "default", version, node.pending_text, text))
@@ -251,9 +266,11 @@ class RecursiveAgent(Agent):
         child = self._new_node(policy, env, trees, node.tree, goal, state, node.depth + 1, node, call.call_id)
         node.waiting[call.call_id] = child
 
-    def _fits(self, node: _Node) -> bool:
-        limit = self.max_context_tokens
-        return limit is None or node.tokens + len(node.pending) + self.max_new_tokens <= limit
+    def _room(self, node: _Node) -> int:
+        """Tokens the node's next turn may write within its context window."""
+        if self.max_context_tokens is None:
+            return self.max_new_tokens
+        return min(self.max_new_tokens, self.max_context_tokens - node.tokens - len(node.pending))
 
     def _after_code(self, policy, env, trees, node: _Node, result: ReplResult) -> None:
         observation = result.observation()
@@ -293,7 +310,10 @@ class RecursiveAgent(Agent):
 
     def expert_code(self, env: TextEnv, node: _Node) -> str:
         """The code an expert node writes: with ``launch_subagent`` the env's recursive program
-        (subagents for missing crafted ingredients), else (the linear baseline) its flat one."""
+        (subagents for missing crafted ingredients), else (the linear baseline) its flat one;
+        with ``look_first`` the turn of it for the node's turn."""
+        if self.look_first:
+            return env.expert_turn(node.state, node.steps, self.recursive)
         if self.recursive:
             return env.expert_recursive_program(node.state)
         return env.expert_program(node.state.task)

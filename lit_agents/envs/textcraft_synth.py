@@ -576,6 +576,35 @@ class TextCraftSynth(TextEnv):
         lines += [f'print(craft("{t}", {n}))' for t, n in state.targets.items()]
         return "\n".join([*lines, "print(finish())"]) + "\n"
 
+    def expert_turn(self, state: SynthState, turn: int, recursive: bool) -> str:
+        """The expert's code for a node's ``turn`` when it reads recipes before using them:
+        look-up turns first, then one turn that writes the rest from what they showed.
+        Recursive: turn 0 looks the targets up, turn 1 is `expert_recursive_program` without
+        its look-ups. Linear: turn k looks up the k-th level of the crafting tree (the targets,
+        their crafted ingredients, theirs, ...), the turn after the last level crafts bottom-up
+        and finishes (`expert_program` without its look-ups)."""
+        if recursive:
+            lines = self.expert_recursive_program(state).splitlines()
+        else:
+            lines = self.expert_program(state.task).splitlines()
+        lookups = [line for line in lines if line.startswith("print(get_info(")]
+        rest = [line for line in lines if not line.startswith("print(get_info(")]
+        levels = [sorted(state.targets)] if recursive else self._levels(state)
+        if turn < len(levels):
+            return "\n".join(f'print(get_info("{item}"))' for item in levels[turn]) + "\n"
+        assert len(lookups) == sum(map(len, levels)), "every look-up belongs to a level"
+        return "\n".join(rest) + "\n"
+
+    def _levels(self, state: SynthState) -> list[list[str]]:
+        """The crafted items of the start's plan by distance from the targets (each once)."""
+        plan, _ = self.world.plan(state.targets, {}, {})
+        levels, seen = [sorted(state.targets)], set(state.targets)
+        while nxt := sorted({i for item in levels[-1] for i, _ in self.world.recipes[item].inputs
+                             if i in plan and i not in seen}):
+            levels.append(nxt)
+            seen.update(nxt)
+        return levels
+
     def corpus(self) -> Iterator[str]:
         """The instructions and every observation template, with every item name."""
         yield f"{self.instructions}\n{self.function_instructions}\n0123456789"
