@@ -117,3 +117,27 @@ def test_time_waiting_for_tools_does_not_count():
         time.sleep(1.5)  # the driver plays the child for longer than the code's own limit
         r.respond(call.call_id, value="child done")
         assert r.poll().observation() == "child done"
+
+
+def test_a_worker_ends_when_its_trainer_dies_mid_tool_call():
+    """A trainer killed while the code awaits a subagent leaves no worker behind: the worker
+    sees its command pipe close and exits instead of waiting forever."""
+    import subprocess
+    import time
+
+    script = (
+        "import os\nfrom lit_agents.envs.repl import PythonREPL\n"
+        "r = PythonREPL(async_tools=['launch_subagent'])\n"
+        "r.submit(\"print(await launch_subagent('child'))\")\nr.poll()\n"
+        "print(r._proc.pid, flush=True)\nos._exit(1)  # as if killed: nothing closed\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    pid = int(out.stdout.split()[-1])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().split(")")[-1].split()[0] == "Z":  # exited, not yet reaped
+                break
+        time.sleep(0.1)
+    gone = not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z"
+    assert gone, "the orphaned REPL worker is still running"

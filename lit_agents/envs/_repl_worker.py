@@ -231,8 +231,9 @@ def _reader(jobs):
         elif message["op"] == "exec":
             jobs.append(message["code"])
             jobs_ready.set()
-    jobs.append(None)
-    jobs_ready.set()
+    # the command pipe closed: the trainer closed this REPL or died, maybe while code here
+    # awaits a tool result that will never come; end now rather than wait forever
+    os._exit(0)
 
 
 LOOP = asyncio.new_event_loop()  # made before the hook: a loop needs a socket pair
@@ -245,7 +246,4 @@ while True:
     jobs_ready.wait()
     jobs_ready.clear()
     while jobs:
-        job = jobs.pop(0)
-        if job is None:
-            os._exit(0)
-        _execute(job)
+        _execute(jobs.pop(0))
