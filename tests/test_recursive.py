@@ -122,6 +122,12 @@ def test_context_window_ends_a_node_before_it_overflows(policy, env):
     agent.max_context_tokens = first + 15  # not even the first turn fits
     (rollout,) = agent.run(policy, env, [task], seed=0)
     assert rollout.sessions[0].calls == [] and rollout.meta["reason"] == "context"
+    # turns shorter than the window's 16-token steps are whole turns where the window is wide
+    for window in (None, first + 1000):
+        short = RecursiveAgent(max_new_tokens=7, max_steps=2, repl_timeout_s=5.0, max_context_tokens=window)
+        (rollout,) = short.run(policy, env, [task], seed=0)
+        assert len(rollout.sessions[0].calls) == 2 and rollout.meta["reason"] == "max_steps"
+        assert all(len(c.completion_ids) <= 7 for c in rollout.sessions[0].calls)
 
 
 def test_rao_policy_node_advantages_by_hand(policy):

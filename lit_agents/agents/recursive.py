@@ -79,9 +79,10 @@ class RecursiveAgent(Agent):
             a node's first turn(s) only look recipes up and the next writes the rest from
             what they showed (`TextCraftSynth.expert_turn`), instead of one block that knows
             the recipes by heart. What an agent needs for targets it never trained on.
-        max_context_tokens: each node's context window: a turn writes at most the room left
-            (rounded down to a multiple of 16), and a node with less than 16 tokens of room
-            ends there, unfinished (reason ``context``). None: unlimited.
+        max_context_tokens: each node's context window: where the room left is less than
+            ``max_new_tokens``, a turn writes at most that room rounded down to a multiple of
+            16, and a node with less than 16 tokens of room ends there, unfinished (reason
+            ``context``). None: unlimited.
         repl_timeout_s: wall-clock limit of one code block (time waiting for tools excluded).
         repl_memory_mb: address-space limit of each node's REPL process.
         system_prompt: the system message; ``None`` = the env's function instructions (+ the
@@ -155,7 +156,7 @@ class RecursiveAgent(Agent):
         concurrency = [1] * len(trees)  # most of a tree's nodes waiting on the model at once
         try:
             while ready := [n for tree in trees for n in tree if not n.done and not n.waiting]:
-                if full := [n for n in ready if self._room(n) < _ROOM_STEP]:
+                if full := [n for n in ready if self._room(n) < 1]:
                     for node in full:  # may resume a parent: look again
                         self._end(policy, env, trees, node, f"stopped: context window of {self.max_context_tokens} tokens full")
                     continue
@@ -189,17 +190,18 @@ class RecursiveAgent(Agent):
                 node.pending_end = False
                 texts.append(text)
             return texts
-        outs: dict[int, Any] = {}
-        by_room: dict[int, list[int]] = {}  # nodes whose window leaves them less to write
+        outs: list[Any] = [None] * len(nodes)
+        by_room: dict[int, list[int]] = {}  # one engine call per room (all but a few: max_new_tokens)
         for i, node in enumerate(nodes):
-            by_room.setdefault(min(self._room(node) // _ROOM_STEP * _ROOM_STEP, params.max_new_tokens), []).append(i)
+            by_room.setdefault(self._room(node), []).append(i)
         for room, index in by_room.items():
             batch = [nodes[i] for i in index]
             done = engine.generate([n.context for n in batch], [n.pending for n in batch],
                                    dataclasses.replace(params, max_new_tokens=room), generator)
-            outs.update(zip(index, done))
+            for i, out in zip(index, done):
+                outs[i] = out
         texts = []
-        for node, out in zip(nodes, (outs[i] for i in range(len(nodes)))):
+        for node, out in zip(nodes, outs):
             text = policy.chat.decode_completion(out.token_ids)
             node.session.calls.append(Call(node.pending, list(out.token_ids), list(out.logprobs),
                                            policy.active_role or "default", version, node.pending_text, text))
@@ -267,10 +269,13 @@ class RecursiveAgent(Agent):
         node.waiting[call.call_id] = child
 
     def _room(self, node: _Node) -> int:
-        """Tokens the node's next turn may write within its context window."""
-        if self.max_context_tokens is None:
+        """Tokens the node's next turn may write: ``max_new_tokens``, or where the context
+        window leaves less, what it leaves rounded down to a multiple of ``_ROOM_STEP`` (0: the
+        window is full)."""
+        left = None if self.max_context_tokens is None else self.max_context_tokens - node.tokens - len(node.pending)
+        if left is None or left >= self.max_new_tokens:
             return self.max_new_tokens
-        return min(self.max_new_tokens, self.max_context_tokens - node.tokens - len(node.pending))
+        return max(0, left // _ROOM_STEP * _ROOM_STEP)
 
     def _after_code(self, policy, env, trees, node: _Node, result: ReplResult) -> None:
         observation = result.observation()
