@@ -60,6 +60,7 @@ class _Node:
     steps: int = 0
     done: bool = False
     answer: str = ""
+    reason: str = ""  # why it ended: finished, max_steps or context
     waiting: dict[int, _Node] = field(default_factory=dict)
     answers: dict[int, str] = field(default_factory=dict)
 
@@ -158,7 +159,8 @@ class RecursiveAgent(Agent):
             while ready := [n for tree in trees for n in tree if not n.done and not n.waiting]:
                 if full := [n for n in ready if self._room(n) < 1]:
                     for node in full:  # may resume a parent: look again
-                        self._end(policy, env, trees, node, f"stopped: context window of {self.max_context_tokens} tokens full")
+                        self._end(policy, env, trees, node, f"stopped: context window of {self.max_context_tokens} tokens full",
+                                  "context")
                     continue
                 for t, count in Counter(n.tree for n in ready).items():
                     concurrency[t] = max(concurrency[t], count)
@@ -280,16 +282,16 @@ class RecursiveAgent(Agent):
     def _after_code(self, policy, env, trees, node: _Node, result: ReplResult) -> None:
         observation = result.observation()
         if getattr(node.state, "done", False):
-            self._end(policy, env, trees, node, observation)
+            self._end(policy, env, trees, node, observation, "finished")
         elif node.steps >= self.max_steps:
-            self._end(policy, env, trees, node, f"stopped after {node.steps} turns without finishing")
+            self._end(policy, env, trees, node, f"stopped after {node.steps} turns without finishing", "max_steps")
         else:
             node.pending_text = observation
             node.pending = ([policy.chat.end_id] if node.pending_end else []) + policy.chat.next(observation)
 
-    def _end(self, policy, env, trees, node: _Node, answer: str) -> None:
+    def _end(self, policy, env, trees, node: _Node, answer: str, reason: str) -> None:
         """Close the node; its answer goes back to its parent's code, which resumes."""
-        node.done, node.answer = True, answer
+        node.done, node.answer, node.reason = True, answer, reason
         node.session.meta.update(success=bool(getattr(node.state, "success", False)), steps=node.steps,
                                  answer=answer)
         node.repl.close()
@@ -305,7 +307,7 @@ class RecursiveAgent(Agent):
         root = tree[0]
         success = bool(root.session.meta.get("success"))
         meta = {"steps": sum(n.steps for n in tree), "nodes": len(tree), "depth": max(n.depth for n in tree),
-                "reason": _reason(root), "seconds": seconds, "concurrency": concurrency}
+                "reason": root.reason, "seconds": seconds, "concurrency": concurrency}
         if "depth" in task.meta:  # the task's crafting depth: its difficulty
             meta["difficulty"] = task.meta["depth"]
         return Rollout(task.task_id, group, [n.session for n in tree], float(success), success, meta)
@@ -343,10 +345,3 @@ class RecursiveAgent(Agent):
     def replay(self, policy: AgentPolicy, env: TextEnv, episode, group_id: int = 0) -> Rollout:
         """A demonstration as an execution tree: the expert grows it again (`expert_rollout`)."""
         return self.expert_rollout(policy, env, episode.task, group_id)
-
-
-def _reason(node: _Node) -> str:
-    """Why a node ended: ``finished``, ``context`` (window full) or ``max_steps``."""
-    if getattr(node.state, "done", False):
-        return "finished"
-    return "context" if node.answer.startswith("stopped: context") else "max_steps"
