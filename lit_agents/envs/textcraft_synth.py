@@ -366,8 +366,7 @@ class TextCraftSynth(TextEnv):
         and for a tree of subagents that each craft their own share, `SynthWorld.tree_raw`),
         the seed the buffer and the unneeded raw materials of the start inventory."""
         targets = self.parse_goal(task.goal)
-        _, raw = self.world.plan(targets, {}, {})
-        raw = {i: max(n, raw.get(i, 0)) for i, n in self.world.tree_raw(targets).items()}
+        raw = self.world.tree_raw(targets)  # at least the linear plan's raw amounts
         rng = random.Random(f"textcraft-synth/start/{self.world_args}/{task.goal}/{task.seed}")
         inventory = {i: n + rng.randint(0, int(self.buffer * n)) for i, n in raw.items()}
         others = [i for i in self.world.names if self.world.tier[i] == 0 and i not in raw]
