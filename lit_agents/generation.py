@@ -31,9 +31,11 @@ while the padded batch fits in the window (checked: longer batches raise a ``Val
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -199,6 +201,14 @@ class _BufferLayer(DynamicLayer):
     def __init__(self, capacity: int) -> None:
         super().__init__()
         self.capacity, self.filled = capacity, 0
+        self.write_at: Tensor | None = None  # static mode: ``[1]`` column to write, read on the device
+
+    def make_static(self, write_at: Tensor) -> None:
+        """Static mode (for CUDA graphs): ``update`` writes one column at ``write_at`` and returns
+        the whole buffer, so shapes and addresses stay fixed; the caller advances ``filled``."""
+        self._buf_k[..., self.filled :, :].zero_()  # read under a mask: must be finite (0 * nan = nan)
+        self._buf_v[..., self.filled :, :].zero_()
+        self.write_at = write_at
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -210,23 +220,26 @@ class _BufferLayer(DynamicLayer):
         self.keys = self._buf_k[..., : self.filled, :]
         self.values = self._buf_v[..., : self.filled, :]
 
-    def fill_rows(self, keys: list[Tensor | None], values: list[Tensor | None], width: int) -> None:
-        """Write per-session ``[1, kv_heads, T_i, head_dim]`` caches right-aligned in ``width`` columns."""
+    def fill_rows(self, keys: list[Tensor | None], values: list[Tensor | None], width: int, at: tuple[Tensor, Tensor]) -> None:
+        """Write per-session ``[1, kv_heads, T_i, head_dim]`` caches right-aligned in ``width``
+        columns; ``at`` = (batch row, column) of each written position, session by session."""
         ref = next(i for i, k in enumerate(keys) if k is not None)
         b = len(keys)
         self.lazy_initialization(keys[ref].expand(b, -1, -1, -1), values[ref].expand(b, -1, -1, -1))
-        for buf, rows in ((self._buf_k, keys), (self._buf_v, values)):
-            for i, part in enumerate(rows):
-                t = 0 if part is None else part.shape[-2]
-                buf[i, :, : width - t].zero_()  # pads must be finite: masked weights are 0, and 0 * nan = nan
-                if part is not None:
-                    buf[i, :, width - t : width] = part[0]
+        for buf, parts in ((self._buf_k, keys), (self._buf_v, values)):
+            buf[:, :, :width].zero_()  # pads must be finite: masked weights are 0, and 0 * nan = nan
+            # one copy for the whole batch: [sum T_i, kv_heads, head_dim] into the rows' columns
+            buf[at[0], :, at[1]] = torch.cat([p[0].transpose(0, 1) for p in parts if p is not None])
         self.filled = width
         self._refresh()
 
     def update(
         self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any
     ) -> tuple[Tensor, Tensor]:
+        if self.write_at is not None:
+            self._buf_k.index_copy_(2, self.write_at, key_states)
+            self._buf_v.index_copy_(2, self.write_at, value_states)
+            return self._buf_k, self._buf_v
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[-2]
@@ -259,23 +272,126 @@ def _left_pad_caches(contexts: list[KVContext | None], width: int, capacity: int
         return cache
     live = [c if c is not None and c.num_cached > 0 else None for c in contexts]
     num_layers = len(next(c for c in live if c is not None).keys)
+    device = next(c for c in live if c is not None).keys[0].device
+    rows = [i for i, c in enumerate(live) if c is not None for _ in range(c.num_cached)]
+    cols = [col for c in live if c is not None for col in range(width - c.num_cached, width)]
+    at = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
     for layer_idx in range(num_layers):
         layer = _BufferLayer(capacity)
         layer.fill_rows(
             [c.keys[layer_idx] if c is not None else None for c in live],
             [c.values[layer_idx] if c is not None else None for c in live],
             width,
+            at,
         )
         cache.layers.append(layer)
     return cache
 
 
-def _extract_context(cache: DynamicCache, mask_row: Tensor, row: int, pending: int) -> KVContext:
-    """Gather batch row ``row``'s real columns into a dense single-session handle."""
-    idx = mask_row.nonzero().squeeze(-1)
-    keys = tuple(layer.keys[row].index_select(1, idx).unsqueeze(0) for layer in cache.layers)
-    values = tuple(layer.values[row].index_select(1, idx).unsqueeze(0) for layer in cache.layers)
-    return KVContext(keys=keys, values=values, pending_ids=(pending,))
+def _extract_contexts(cache: DynamicCache, index: Tensor, mask: Tensor, pending: list[int]) -> list[KVContext]:
+    """Gather the real columns of batch rows ``index`` into dense single-session handles.
+
+    One gather per layer for all rows (``mask``: ``[k, S]`` bool, the real columns of those
+    ``k`` rows); each handle's tensors are views of it, ``[1, kv_heads, T_i, head_dim]``.
+    """
+    row, col = mask.nonzero(as_tuple=True)  # row by row, columns in order
+    row = index[row]
+    lengths = mask.sum(1).tolist()
+
+    def split(buf: Tensor) -> list[Tensor]:
+        return [p.transpose(0, 1).unsqueeze(0) for p in buf[row, :, col].split(lengths)]
+
+    keys = [split(layer.keys) for layer in cache.layers]
+    values = [split(layer.values) for layer in cache.layers]
+    return [KVContext(keys=tuple(k[i] for k in keys), values=tuple(v[i] for v in values), pending_ids=(last,))
+            for i, last in enumerate(pending)]
+
+
+@contextlib.contextmanager
+def _uncompiled_modules(model: torch.nn.Module) -> Iterator[None]:
+    """Call modules compiled in place (``module.compile()``) uncompiled for a while."""
+    compiled = [(m, m._compiled_call_impl) for m in model.modules() if getattr(m, "_compiled_call_impl", None)]
+    for m, _ in compiled:
+        m._compiled_call_impl = None
+    try:
+        yield
+    finally:
+        for m, impl in compiled:
+            m._compiled_call_impl = impl
+
+
+def _model_forward(engine: GenerationEngine, cache: DynamicCache, ids: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
+    """The model call of a static decode step (what ``compile=True`` compiles)."""
+    return engine._forward(ids, mask, pos, cache)
+
+
+class _StaticStep:
+    """Decode steps of one batch on fixed buffers, optionally replayed as a CUDA graph.
+
+    The model reads a ``[b, 1, 1, capacity]`` additive mask over the whole cache buffer and each
+    layer writes its new key/value at a column held on the device (`_BufferLayer.make_static`), so
+    every step has the same shapes and addresses. The first step runs eagerly (on a side stream, as
+    CUDA graph warm-up, once per engine), the next captures the step (model call plus sampling)
+    and every later one replays it: one launch per token instead of hundreds. Built again after
+    the batch is compacted (its buffers are new).
+    """
+
+    def __init__(self, engine: GenerationEngine, batch: _Batch, params: SamplingParams) -> None:
+        self.engine, self.cache, self.params = engine, batch.cache, params
+        self.layers: list[_BufferLayer] = list(batch.cache.layers)
+        first = self.layers[0]
+        b, filled, device, dtype = batch.rows.numel(), first.filled, batch.mask.device, first._buf_k.dtype
+        self.write_at = torch.tensor([filled], device=device)
+        for layer in self.layers:
+            layer.make_static(self.write_at)
+        self.min = torch.finfo(dtype).min
+        self.mask = torch.full((b, 1, 1, first.capacity), self.min, dtype=dtype, device=device)
+        self.mask[:, 0, 0, :filled].masked_fill_(batch.mask[:, :filled].bool(), 0.0)
+        self.ids = torch.zeros(b, 1, dtype=torch.long, device=device)
+        self.pos = torch.zeros(b, 1, dtype=torch.long, device=device)
+        self.uniform = torch.zeros(b, dtype=torch.float32, device=device)
+        self.graphs = engine.decode == "cuda_graph"
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.warm = engine._forward_fn is _model_forward  # uncompiled: the engine's warm-up is enough
+        self.out: tuple[Tensor, Tensor] | None = None
+
+    def __call__(self, fed: Tensor, live: Tensor, next_pos: Tensor, uniform: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Feed ``fed`` (``[b]``) at ``next_pos``; return the sampled tokens and their log-probs."""
+        col = self.layers[0].filled
+        self.write_at.fill_(col)
+        self.mask[:, 0, 0, col] = torch.where(live, 0.0, self.min).to(self.mask.dtype)
+        self.ids.copy_(fed[:, None])
+        self.pos.copy_(next_pos[:, None])
+        if uniform is not None:
+            self.uniform.copy_(uniform)
+        engine, temperature, top_p = self.engine, self.params.temperature, self.params.top_p
+
+        def step() -> tuple[Tensor, Tensor]:
+            logits = engine._forward_fn(engine, self.cache, self.ids, self.mask, self.pos)
+            return sample_from_logits(logits, temperature, top_p, self.uniform if temperature > 0 else None)
+
+        if not self.graphs:
+            out = step()
+        elif not (engine._warm and self.warm):
+            # warm-up, eagerly on the side stream: once per engine, and once per batch when
+            # compiling (a new shape may recompile, which cannot happen during a capture)
+            stream = engine._stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                out = step()
+            torch.cuda.current_stream().wait_stream(stream)
+            engine._warm = self.warm = True
+        else:
+            if self.graph is None:
+                self.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.graph, pool=engine._graph_pool(), stream=engine._stream()):
+                    self.out = step()
+            self.graph.replay()
+            out = (self.out[0].clone(), self.out[1].clone())
+        for layer in self.layers:
+            layer.filled += 1
+            layer._refresh()
+        return out
 
 
 class GenerationEngine:
@@ -293,6 +409,19 @@ class GenerationEngine:
         share_prefill: prefill once for sessions that are in the same state (new, or the same
             handle / a fork of it) and receive the same tokens, e.g. the G samples of one task,
             then copy the cache rows. Same numbers up to floating-point batch effects.
+        decode: how decode steps run. ``"dynamic"``: the cache grows by one column per step (the
+            fastest on CPU). ``"static"``: fixed shapes and buffers, each step attends over the
+            whole cache buffer under a mask. ``"cuda_graph"``: static, and each step (model call
+            plus sampling) is captured once per batch as a CUDA graph and replayed, which removes
+            the per-layer launch overhead that dominates decoding on a GPU. ``None``: ``cuda_graph``
+            on CUDA, else ``dynamic``. Same numbers up to floating-point reduction order.
+        compile: ``torch.compile`` the model call of the static decode step (fuses the element-wise work between matrix products; the first calls pay the
+            compilation). Static and CUDA-graph decode only. Decoder layers compiled in place
+            (``AgentPolicy(compile=True)``, for training) are run uncompiled here: with a cache
+            their compiled code specializes on the layer index, one recompilation per layer.
+        check_every: on static decode, look for a finished batch (a device-to-host sync) every this
+            many steps instead of every step; finished rows are fed masked pads meanwhile, so the
+            results do not change. 1 where stop strings are used.
     """
 
     def __init__(
@@ -303,9 +432,29 @@ class GenerationEngine:
         show_progress: bool = False,
         compact_fraction: float = 0.25,
         share_prefill: bool = True,
+        decode: Literal["dynamic", "static", "cuda_graph"] | None = None,
+        compile: bool = False,
+        check_every: int = 4,
     ) -> None:
         if not 0.0 <= compact_fraction <= 1.0:
             raise ValueError(f"compact_fraction must be in [0, 1], got {compact_fraction}")
+        device = next(model.parameters()).device
+        if decode is None:
+            decode = "cuda_graph" if device.type == "cuda" else "dynamic"
+        if decode not in ("dynamic", "static", "cuda_graph"):
+            raise ValueError(f"decode must be 'dynamic', 'static' or 'cuda_graph', got {decode!r}")
+        if decode == "cuda_graph" and device.type != "cuda":
+            raise ValueError(f"decode='cuda_graph' needs a model on a CUDA device, not {device.type}")
+        if compile and decode == "dynamic":
+            raise ValueError("compile=True needs decode='static' or 'cuda_graph' (fixed shapes)")
+        if check_every < 1:
+            raise ValueError(f"check_every must be >= 1, got {check_every}")
+        self.decode, self.check_every = decode, check_every
+        # the model call only: sampling's cumsum over a large vocabulary broke inductor (torch 2.11)
+        self._forward_fn = torch.compile(_model_forward) if compile else _model_forward
+        self._warm = False
+        self._side_stream: torch.cuda.Stream | None = None
+        self._pool: Any = None
         self.model = model
         self.pad_token_id = pad_token_id
         self.tokenizer = tokenizer
@@ -321,6 +470,18 @@ class GenerationEngine:
         layer_types = getattr(config, "layer_types", None) or []
         sliding = "sliding_attention" in layer_types
         self._sliding_window: int | None = getattr(config, "sliding_window", None) if sliding else None
+
+    def _stream(self) -> torch.cuda.Stream:
+        """The side stream CUDA graphs are warmed up and captured on."""
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream()
+        return self._side_stream
+
+    def _graph_pool(self) -> Any:
+        """One memory pool shared by this engine's graphs (they never run at the same time)."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
 
     def fork(self, context: KVContext) -> KVContext:
         """A handle that continues independently of ``context`` (tensors are shared, never mutated)."""
@@ -350,6 +511,16 @@ class GenerationEngine:
             raise ValueError(f"{len(contexts)} contexts but {len(new_ids)} new_ids")
         if not contexts:
             return []
+        with _uncompiled_modules(self.model):
+            return self._generate(contexts, new_ids, params, generator)
+
+    def _generate(
+        self,
+        contexts: list[KVContext | None],
+        new_ids: list[list[int]],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> list[Completion]:
         chunks = [
             list(c.pending_ids if c is not None else ()) + list(ids) for c, ids in zip(contexts, new_ids)
         ]
@@ -440,12 +611,19 @@ class GenerationEngine:
         done: dict[int, KVContext] = {}
         history: list[list[int]] = [[] for _ in range(n)]
         bar = tqdm(total=max_new, desc="decode", leave=False, disable=not self.show_progress)
+        gen_device = generator.device if generator is not None else device
+
+        def draw() -> Tensor | None:  # one uniform per original session per step, whatever has finished
+            if params.temperature == 0:
+                return None
+            return torch.rand(n, generator=generator, device=gen_device).to(device)[batch.rows]
+
+        static = self.decode != "dynamic"
+        check_every = 1 if stop is not None or not static else self.check_every
+        can_stop = bool(params.stop_token_ids) or stop is not None  # else every row runs to max_new
+        runner: _StaticStep | None = None
+        tok, lp = sample_from_logits(logits, params.temperature, params.top_p, draw())
         for step in range(max_new):
-            uniform = None
-            if params.temperature > 0:
-                gen_device = generator.device if generator is not None else device
-                uniform = torch.rand(n, generator=generator, device=gen_device).to(device)[batch.rows]
-            tok, lp = sample_from_logits(logits, params.temperature, params.top_p, uniform)
             tokens[batch.rows, step], logprobs[batch.rows, step] = tok, lp
             n_gen[batch.rows] += batch.live.long()
             hit = torch.isin(tok, stop_ids) & batch.live
@@ -454,15 +632,27 @@ class GenerationEngine:
             stopped[batch.rows] |= hit
             batch.live &= ~hit
             bar.update(1)
-            n_live = int(batch.live.sum())
-            if step == max_new - 1 or n_live == 0:
+            if step == max_new - 1:
                 break
             fed = torch.where(batch.live, tok, torch.full_like(tok, self.pad_token_id))
-            keep = self._maybe_compact(batch, n_live, tokens, n_gen, done)
+            keep = None
+            if can_stop and (step + 1) % check_every == 0:  # a device-to-host sync
+                n_live = int(batch.live.sum())
+                if n_live == 0:
+                    break
+                keep = self._maybe_compact(batch, n_live, tokens, n_gen, done)
             if keep is not None:
-                fed = fed.index_select(0, keep)
-            batch.mask = torch.cat([batch.mask, batch.live.long()[:, None]], dim=1)
-            logits = self._forward(fed[:, None], batch.mask, batch.next_pos[:, None], batch.cache)
+                fed, runner = fed.index_select(0, keep), None
+            uniform = draw()
+            if static:
+                if runner is None:
+                    runner = _StaticStep(self, batch, params)
+                tok, lp = runner(fed, batch.live, batch.next_pos, uniform)
+                batch.mask = torch.cat([batch.mask, batch.live.long()[:, None]], dim=1)
+            else:
+                batch.mask = torch.cat([batch.mask, batch.live.long()[:, None]], dim=1)
+                logits = self._forward(fed[:, None], batch.mask, batch.next_pos[:, None], batch.cache)
+                tok, lp = sample_from_logits(logits, params.temperature, params.top_p, uniform)
             batch.next_pos += batch.live.long()
         bar.close()
         self._extract_rows(batch, torch.ones_like(batch.live), tokens, n_gen, done)
@@ -499,13 +689,17 @@ class GenerationEngine:
         batch: _Batch, select: Tensor, tokens: Tensor, n_gen: Tensor, done: dict[int, KVContext]
     ) -> None:
         """Store a dense handle for every selected batch row (keyed by session index)."""
-        mask = batch.mask.bool()
         rows, n_last = batch.rows.tolist(), n_gen[batch.rows].tolist()
         last = tokens[batch.rows, (n_gen[batch.rows] - 1).clamp(min=0)].tolist()
-        for j in select.nonzero().squeeze(-1).tolist():
-            if rows[j] not in done:
-                assert n_last[j] > 0
-                done[rows[j]] = _extract_context(batch.cache, mask[j], j, last[j])
+        picked = [j for j in select.nonzero().squeeze(-1).tolist() if rows[j] not in done]
+        if not picked:
+            return
+        assert all(n_last[j] > 0 for j in picked)
+        index = torch.tensor(picked, device=batch.mask.device)
+        contexts = _extract_contexts(batch.cache, index, batch.mask.bool().index_select(0, index),
+                                     [last[j] for j in picked])
+        for j, context in zip(picked, contexts):
+            done[rows[j]] = context
 
     @staticmethod
     def _completions(

@@ -80,11 +80,12 @@ class CharTokenizer:
         return "".join(chr(97 + i % 26) * (1 + i % 2) for i in ids)
 
 
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
-def test_logprobs_match_full_forward_with_different_prompt_lengths(arch: str, attn: str) -> None:
+def test_logprobs_match_full_forward_with_different_prompt_lengths(arch: str, attn: str, decode: str) -> None:
     model = make_model(arch, attn)
-    engine = GenerationEngine(model, pad_token_id=PAD)
+    engine = GenerationEngine(model, pad_token_id=PAD, decode=decode)
     gen = torch.Generator().manual_seed(1)
     prompts = [random_ids(n, gen) for n in (3, 11, 1, 7)]
     out = engine.generate([None] * 4, prompts, SamplingParams(max_new_tokens=12), gen)
@@ -117,10 +118,11 @@ def naive_generate(
     return outs
 
 
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_multi_turn_kv_reuse_matches_reencoding(attn: str) -> None:
+def test_multi_turn_kv_reuse_matches_reencoding(attn: str, decode: str) -> None:
     model = make_model("qwen2", attn)
-    engine = GenerationEngine(model, pad_token_id=PAD)
+    engine = GenerationEngine(model, pad_token_id=PAD, decode=decode)
     params = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=6, stop_token_ids=(5, 17, 33))
     gen_ids = torch.Generator().manual_seed(2)
     engine_gen, naive_gen = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
@@ -160,9 +162,10 @@ def truncated_logprobs(
     return renorm.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
 
 
-def test_multi_turn_temperature_one_matches_full_forward() -> None:
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
+def test_multi_turn_temperature_one_matches_full_forward(decode: str) -> None:
     model = make_model("llama", "sdpa")
-    engine = GenerationEngine(model, pad_token_id=PAD)
+    engine = GenerationEngine(model, pad_token_id=PAD, decode=decode)
     gen = torch.Generator().manual_seed(4)
     histories: list[list[int]] = [[] for _ in range(4)]
     contexts: list[KVContext | None] = [None] * 4
@@ -291,13 +294,14 @@ def test_fork_continues_independently() -> None:
     assert_close(after.logprobs, reference_logprobs(model, history, after.token_ids))
 
 
-def test_peft_model() -> None:
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
+def test_peft_model(decode: str) -> None:
     from peft import LoraConfig, get_peft_model
 
     lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     model = get_peft_model(make_model(), lora)
     model.eval()
-    engine = GenerationEngine(model, pad_token_id=PAD)
+    engine = GenerationEngine(model, pad_token_id=PAD, decode=decode)
     histories = [[1, 2, 3], [4, 5, 6, 7, 8, 9]]
     gen = torch.Generator().manual_seed(0)
     out = engine.generate([None, None], histories, SamplingParams(max_new_tokens=5), gen)
@@ -342,3 +346,52 @@ def test_shared_prefill_matches_separate_prefill(arch: str) -> None:
     history = task_a + shared[0][0].token_ids + [3, 4]
     for completion in shared[1][:2]:
         assert_close(completion.logprobs, reference_logprobs(model, history, completion.token_ids))
+
+
+def static_vs_dynamic(model: torch.nn.Module, device: str, **engine_kw: Any) -> None:
+    """Static decode (with ``engine_kw``) samples what dynamic decode samples, over turns with
+    stop tokens (rows finish at different steps, the batch is compacted) and greedy turns."""
+    model = model.to(device)
+    gen_ids = torch.Generator().manual_seed(8)
+    prompts = [random_ids(n, gen_ids) for n in (4, 9, 2, 6, 13, 5)]
+    runs = []
+    for kw in ({"decode": "dynamic"}, engine_kw):
+        engine = GenerationEngine(model, pad_token_id=PAD, **kw)
+        gen = torch.Generator(device=device).manual_seed(9)
+        out = engine.generate([None] * 6, prompts, SamplingParams(max_new_tokens=24, stop_token_ids=(5, 17, 33)), gen)
+        more = engine.generate([c.context for c in out], [[3, 4]] * 6, SamplingParams(temperature=0.0, max_new_tokens=9))
+        runs.append(out + more)
+    for got, want in zip(*runs):
+        assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
+        assert_close(got.logprobs, want.logprobs, atol=2e-4)
+        assert got.context.num_tokens == want.context.num_tokens
+        for k_got, k_want in zip(got.context.keys, want.context.keys):
+            assert_close(k_got, k_want, atol=1e-4)
+
+
+@pytest.mark.parametrize("check_every", [1, 4])
+def test_static_decode_matches_dynamic(check_every: int) -> None:
+    static_vs_dynamic(make_model("qwen2"), "cpu", decode="static", check_every=check_every)
+
+
+def test_compiled_static_decode_matches_dynamic() -> None:
+    static_vs_dynamic(make_model("qwen2"), "cpu", decode="static", compile=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("compile", [False, True])
+def test_cuda_graph_decode_matches_dynamic(compile: bool) -> None:
+    static_vs_dynamic(make_model("qwen2"), "cuda", decode="cuda_graph", compile=compile)
+
+
+def test_decode_mode_errors() -> None:
+    model = make_model()
+    with pytest.raises(ValueError, match="decode must be"):
+        GenerationEngine(model, pad_token_id=PAD, decode="fast")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs a model on a CUDA device"):
+            GenerationEngine(model, pad_token_id=PAD, decode="cuda_graph")
+    with pytest.raises(ValueError, match="compile=True needs"):
+        GenerationEngine(model, pad_token_id=PAD, decode="dynamic", compile=True)
+    with pytest.raises(ValueError, match="check_every"):
+        GenerationEngine(model, pad_token_id=PAD, check_every=0)

@@ -189,3 +189,22 @@ def test_packed_rows_give_the_same_logprobs_as_padded(arch, tiny_folder, tmp_pat
         i = rows.index(row)
         torch.testing.assert_close(got[p, offset : offset + n][mask], want[i, :n][mask], atol=1e-5, rtol=1e-5)
     assert (got[~packed["action_mask"]] == 0).all()
+
+
+def test_compiled_layers_give_the_same_logprobs_and_gradients(tiny_config, tmp_path):
+    """``compile=True`` compiles each decoder layer in place: same numbers, same state-dict keys."""
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 0, 0]])
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    results = []
+    for compile in (False, True):
+        torch.manual_seed(0)
+        policy = AgentPolicy(tiny=tiny_config, lora_r=4, lora_dropout=0.0, compile=compile)
+        logp = policy.token_logprobs(ids, mask)
+        (logp * mask).sum().backward()
+        grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
+        results.append((logp.detach(), grads, set(policy.state_dict())))
+    (plain, plain_grads, plain_keys), (compiled, compiled_grads, compiled_keys) = results
+    torch.testing.assert_close(compiled, plain, atol=1e-5, rtol=1e-4)
+    assert compiled_keys == plain_keys and compiled_grads.keys() == plain_grads.keys() and plain_grads
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, atol=1e-5, rtol=1e-4)

@@ -46,8 +46,10 @@ class Agent(ABC):
     def engine(self, policy: AgentPolicy, seed: int) -> tuple[GenerationEngine, torch.Generator]:
         """A generation engine over the policy's model and a seeded generator on its device."""
         device = next(policy.parameters()).device
+        # on a GPU: CUDA-graph decode, compiled as one step when the policy compiles its layers
         engine = GenerationEngine(policy.model, pad_token_id=policy.pad_id, tokenizer=policy.tokenizer,
-                                  show_progress=self.show_progress)
+                                  show_progress=self.show_progress,
+                                  compile=getattr(policy, "compiled", False) and device.type == "cuda")
         return engine, torch.Generator(device=device).manual_seed(seed)
 
     @staticmethod
