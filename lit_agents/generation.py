@@ -16,9 +16,14 @@ How a call works:
    into a cache buffer sized for the whole call (no concatenation per step). A finished row is
    fed a masked pad until ``compact_fraction`` of the batch has finished, then the batch is
    compacted with ``index_select``; both keep the other rows exact.
-3. Afterwards each row's real columns are gathered back into a dense per-session cache. The last
-   sampled token is not in the cache yet: the handle keeps it as ``pending_ids`` and the next call
-   feeds it ahead of the new tokens.
+3. Afterwards each row's real columns are gathered back into a dense per-session cache (one
+   gather per layer for the whole batch). The last sampled token is not in the cache yet: the
+   handle keeps it as ``pending_ids`` and the next call feeds it ahead of the new tokens.
+
+On a GPU, decode steps run on fixed shapes instead (``decode="cuda_graph"``, the default there):
+each step attends over the whole cache buffer under a ``[b, 1, 1, capacity]`` mask and writes its
+key/value at a column held on the device, so the step (model call and sampling) is captured once
+as a CUDA graph and replayed for every token; ``compile=True`` also compiles the model call.
 
 Sampling uses one uniform number per session per step (inverse-CDF sampling), drawn for the whole
 original batch every step, so a seeded ``torch.Generator`` gives identical results run to run and
@@ -220,7 +225,9 @@ class _BufferLayer(DynamicLayer):
         self.keys = self._buf_k[..., : self.filled, :]
         self.values = self._buf_v[..., : self.filled, :]
 
-    def fill_rows(self, keys: list[Tensor | None], values: list[Tensor | None], width: int, at: tuple[Tensor, Tensor]) -> None:
+    def fill_rows(
+        self, keys: list[Tensor | None], values: list[Tensor | None], width: int, at: tuple[Tensor, Tensor]
+    ) -> None:
         """Write per-session ``[1, kv_heads, T_i, head_dim]`` caches right-aligned in ``width``
         columns; ``at`` = (batch row, column) of each written position, session by session."""
         ref = next(i for i, k in enumerate(keys) if k is not None)
@@ -415,8 +422,9 @@ class GenerationEngine:
             plus sampling) is captured once per batch as a CUDA graph and replayed, which removes
             the per-layer launch overhead that dominates decoding on a GPU. ``None``: ``cuda_graph``
             on CUDA, else ``dynamic``. Same numbers up to floating-point reduction order.
-        compile: ``torch.compile`` the model call of the static decode step (fuses the element-wise work between matrix products; the first calls pay the
-            compilation). Static and CUDA-graph decode only. Decoder layers compiled in place
+        compile: ``torch.compile`` the model call of the static decode step (fuses the
+            element-wise work between matrix products; the first calls pay the compilation).
+            Static and CUDA-graph decode only. Decoder layers compiled in place
             (``AgentPolicy(compile=True)``, for training) are run uncompiled here: with a cache
             their compiled code specializes on the layer index, one recompilation per layer.
         check_every: on static decode, look for a finished batch (a device-to-host sync) every this
