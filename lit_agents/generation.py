@@ -413,6 +413,9 @@ class GenerationEngine:
         compact_fraction: drop finished rows from the batch (gathering the cache) once this
             fraction of the batch has finished; until then they are fed masked pads. 0 drops them
             at once, 1 never (only at the end). Results are identical either way; only speed differs.
+            ``None``: 0.25, or 0.75 with CUDA graphs, where a smaller batch must be captured again
+            (measured on an H200: a capture costs about 20 replayed steps, and a replayed step
+            barely depends on the batch size, 3.6 ms at 64 rows and 4.9 ms at 256).
         share_prefill: prefill once for sessions that are in the same state (new, or the same
             handle / a fork of it) and receive the same tokens, e.g. the G samples of one task,
             then copy the cache rows. Same numbers up to floating-point batch effects.
@@ -438,17 +441,19 @@ class GenerationEngine:
         pad_token_id: int,
         tokenizer: Any = None,
         show_progress: bool = False,
-        compact_fraction: float = 0.25,
+        compact_fraction: float | None = None,
         share_prefill: bool = True,
         decode: Literal["dynamic", "static", "cuda_graph"] | None = None,
         compile: bool = False,
         check_every: int = 4,
     ) -> None:
-        if not 0.0 <= compact_fraction <= 1.0:
-            raise ValueError(f"compact_fraction must be in [0, 1], got {compact_fraction}")
         device = next(model.parameters()).device
         if decode is None:
             decode = "cuda_graph" if device.type == "cuda" else "dynamic"
+        if compact_fraction is None:
+            compact_fraction = 0.75 if decode == "cuda_graph" else 0.25
+        if not 0.0 <= compact_fraction <= 1.0:
+            raise ValueError(f"compact_fraction must be in [0, 1], got {compact_fraction}")
         if decode not in ("dynamic", "static", "cuda_graph"):
             raise ValueError(f"decode must be 'dynamic', 'static' or 'cuda_graph', got {decode!r}")
         if decode == "cuda_graph" and device.type != "cuda":
