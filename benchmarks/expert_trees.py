@@ -25,19 +25,20 @@ def expert_trees(agent: RecursiveAgent, policy: AgentPolicy, env: TextCraftSynth
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=10, help="first train tasks per difficulty")
+    parser.add_argument("--window", type=int, default=384, help="context window of the look-first experts")
     args = parser.parse_args()
     torch.set_num_threads(1)
     policy = AgentPolicy(tiny=TinyConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                                          intermediate_size=128, corpus="textcraft_synth"), lora_r=4)
     print("| difficulty | trees solved | depth (mean, max) | nodes (mean) | concurrency (mean) "
-          "| linear expert: solved, text actions (mean) | look-first, 384-token window: recursive, linear |"
+          f"| linear expert: solved, text actions (mean) | look-first, {args.window}-token window: recursive, linear |"
           "\n|---|---|---|---|---|---|---|")
     for difficulty in ("easy", "medium", "hard"):
         env = TextCraftSynth(difficulty=difficulty)
         tasks = env.tasks("train")[: args.tasks]
         trees = expert_trees(RecursiveAgent(max_nodes=128, max_depth=12), policy, env, tasks)
         lines = expert_trees(RecursiveAgent(recursive=False), policy, env, tasks)
-        window = dict(look_first=True, max_new_tokens=256, max_context_tokens=384, system_prompt="")
+        window = dict(look_first=True, max_new_tokens=256, max_context_tokens=args.window, system_prompt="")
         small = expert_trees(RecursiveAgent(max_nodes=128, max_depth=12, **window), policy, env, tasks)
         small_lines = expert_trees(RecursiveAgent(recursive=False, **window), policy, env, tasks)
         depth = [t.meta["depth"] for t in trees]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -59,6 +59,11 @@ class TinyConfig:
         corpus: the text the tokenizer is built from: ``textcraft`` (TextCraft's recipes and
             observations) or ``textcraft_synth`` (TextCraft-Synth's invented item names and the
             Python its REPL agents write, for RAO).
+        space_tokens: spaces are tokens of their own (a run of spaces is one piece), so a word
+            is the same token after a space, a quote or a bracket: a name read in the task text
+            (``craft 1 pupa``) is the token the code writes (``get_info("pupa")``), which a
+            small model can copy. Costs a token between words. ``None``: on for
+            ``textcraft_synth`` (the REPL agents copy names into code), off for ``textcraft``.
     """
 
     arch: Literal["qwen2", "llama"] = "qwen2"
@@ -71,6 +76,11 @@ class TinyConfig:
     max_position_embeddings: int = 4096
     seed: int = 0
     corpus: Literal["textcraft", "textcraft_synth"] = "textcraft"
+    space_tokens: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.space_tokens is None:
+            self.space_tokens = self.corpus == "textcraft_synth"
 
 
 def default_corpus(name: str = "textcraft") -> Iterator[str]:
@@ -96,10 +106,17 @@ def default_corpus(name: str = "textcraft") -> Iterator[str]:
         raise ValueError(f"corpus must be 'textcraft' or 'textcraft_synth', got {name!r}")
 
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on ``corpus`` (exact round-trip on any text)."""
+def build_tokenizer(
+    corpus: Iterable[str], vocab_size: int = 2048, space_tokens: bool = False
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on ``corpus`` (exact round-trip on any text);
+    ``space_tokens``: see `TinyConfig`."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if space_tokens:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(" +"), "isolated"), byte_level])
+    else:
+        tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -158,7 +175,7 @@ def embedded_default(cfg: TinyConfig | None = None, path: str | os.PathLike | No
     folder = Path(path) if path is not None else cache_root() / f"tiny-{key}"
     if (folder / "config.json").exists() and (folder / "tokenizer.json").exists():
         return str(folder)
-    tokenizer = build_tokenizer(default_corpus(cfg.corpus), cfg.vocab_size)
+    tokenizer = build_tokenizer(default_corpus(cfg.corpus), cfg.vocab_size, cfg.space_tokens)
     model = build_model(tokenizer, cfg)
     # write to a private folder then rename, so a concurrent or killed build never leaves half
     # a model behind

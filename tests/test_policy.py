@@ -8,7 +8,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lit_agents.policy import AgentPolicy, ChatFormat
-from lit_agents.tiny import END, SPECIAL_TOKENS, build_tokenizer, default_corpus, embedded_default
+from lit_agents.tiny import END, SPECIAL_TOKENS, TinyConfig, build_tokenizer, default_corpus, embedded_default
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +30,20 @@ def test_embedded_default_roundtrips_env_text(tiny_folder, textcraft):
 def test_synth_corpus_makes_item_names_and_repl_code_short():
     from lit_agents.envs import TextCraftSynth
 
-    tok = build_tokenizer(default_corpus("textcraft_synth"), 2048)
+    tok = build_tokenizer(default_corpus("textcraft_synth"), 2048, space_tokens=True)
     env = TextCraftSynth("hard")
     task = env.tasks("test")[0]  # unseen targets: their names are still words of the corpus
     code = env.expert_recursive_program(env.reset(task)[0])
     assert tok.decode(tok.encode(code, add_special_tokens=False)) == code
     names = [n for n in env.world.names if f" {n}" in code or f'"{n}' in code]
-    assert names and all(len(tok.encode(f" {n}", add_special_tokens=False)) == 1 for n in names)
+    assert names and all(len(tok.encode(n, add_special_tokens=False)) == 1 for n in names)
     assert len(tok.encode(code, add_special_tokens=False)) < len(code) / 3
+    # a name is the same token in the task's text and in the code that uses it, so it can be copied
+    name = names[0]
+    in_text = tok.encode(f"craft 1 {name}", add_special_tokens=False)
+    in_code = tok.encode(f'print(get_info("{name}"))', add_special_tokens=False)
+    assert in_text[-1] == tok.convert_tokens_to_ids(name) and tok.convert_tokens_to_ids(name) in in_code
+    assert TinyConfig(corpus="textcraft_synth").space_tokens and not TinyConfig().space_tokens
     with pytest.raises(ValueError, match="corpus must be"):
         next(default_corpus("alfworld"))
 
