@@ -91,19 +91,32 @@ def prompts_for(args: argparse.Namespace, batch: int) -> list[list[int]]:
     return torch.randint(1, args.vocab, (batch, args.prompt), generator=torch.Generator().manual_seed(batch)).tolist()
 
 
-def engine_tokens_per_s(model, args: argparse.Namespace, batch: int, **engine_kw) -> float:
-    """One untimed call (warm-up; compilation), then one timed call with the same shapes."""
+def engine_seconds(model, args: argparse.Namespace, batch: int, new_tokens: int, **engine_kw) -> float:
+    """Seconds of one `generate` call, after an untimed call of the same shapes (warm-up; compilation)."""
     prompts = prompts_for(args, batch)
-    params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
+    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens)
     engine = GenerationEngine(model.eval(), pad_token_id=0, **engine_kw)
     gen = torch.Generator(device=args.device).manual_seed(0)
     with torch.no_grad():
         engine.generate([None] * batch, prompts, params, gen)
         sync(args.device)
         start = time.perf_counter()
-        out = engine.generate([None] * batch, prompts, params, gen)
+        engine.generate([None] * batch, prompts, params, gen)
         sync(args.device)
-    return sum(len(c.token_ids) for c in out) / (time.perf_counter() - start)
+    return time.perf_counter() - start
+
+
+def engine_tokens_per_s(model, args: argparse.Namespace, batch: int, **engine_kw) -> float:
+    """Whole calls: prefill, decode and the per-session KV handles (no stop tokens: every row
+    writes ``new_tokens``)."""
+    return batch * args.new_tokens / engine_seconds(model, args, batch, args.new_tokens, **engine_kw)
+
+
+def step_tokens_per_s(model, args: argparse.Namespace, batch: int, **engine_kw) -> float:
+    """Decode steps alone: a full call minus an 8-token call, over the steps between them."""
+    extra = engine_seconds(model, args, batch, args.new_tokens, **engine_kw) - engine_seconds(
+        model, args, batch, 8, **engine_kw)
+    return batch * (args.new_tokens - 8) / extra
 
 
 def generate_tokens_per_s(model, args: argparse.Namespace, batch: int) -> float:
@@ -215,10 +228,14 @@ def main() -> None:
     if cuda:
         variants.append(("engine, CUDA graphs", {"decode": "cuda_graph"}))
     rows: dict[int, dict[str, float | None]] = {b: {} for b in args.batches}
+    fastest = "cuda_graph" if cuda else "dynamic"
+    variants.append((f"engine, {fastest}, decode steps alone", {"decode": fastest, "steps_only": True}))
     for batch in args.batches:
         for label, kw in variants:
-            fn = generate_tokens_per_s if kw is None else engine_tokens_per_s
-            rows[batch][label] = attempt(f"{label} b{batch}", fn, model, args, batch, **(kw or {}))
+            kw = dict(kw or {})
+            fn = (generate_tokens_per_s if label == "generate" else
+                  step_tokens_per_s if kw.pop("steps_only", False) else engine_tokens_per_s)
+            rows[batch][label] = attempt(f"{label} b{batch}", fn, model, args, batch, **kw)
             print(f"  decode b={batch} {label}: {rows[batch][label]}", flush=True)
     train_eager = None if args.skip_train else attempt("train eager", train_step_seconds, model, args)
     print(f"  train eager: {train_eager}", flush=True)
