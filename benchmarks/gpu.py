@@ -224,17 +224,15 @@ def main() -> None:
     measured_peak = matmul_tflops(args.device)
     print(f"copy bandwidth {bandwidth:.0f} GB/s; bf16 8192^3 matmul {measured_peak:.0f} TFLOP/s", flush=True)
 
-    variants = [] if args.skip_baselines else [("generate", None), ("engine, dynamic", {"decode": "dynamic"})]
+    variants = [] if args.skip_baselines else [
+        ("generate", generate_tokens_per_s, {}), ("engine, dynamic", engine_tokens_per_s, {"decode": "dynamic"})]
     if cuda:
-        variants.append(("engine, CUDA graphs", {"decode": "cuda_graph"}))
-    rows: dict[int, dict[str, float | None]] = {b: {} for b in args.batches}
+        variants.append(("engine, CUDA graphs", engine_tokens_per_s, {"decode": "cuda_graph"}))
     fastest = "cuda_graph" if cuda else "dynamic"
-    variants.append((f"engine, {fastest}, decode steps alone", {"decode": fastest, "steps_only": True}))
+    variants.append((f"engine, {fastest}, decode steps alone", step_tokens_per_s, {"decode": fastest}))
+    rows: dict[int, dict[str, float | None]] = {b: {} for b in args.batches}
     for batch in args.batches:
-        for label, kw in variants:
-            kw = dict(kw or {})
-            fn = (generate_tokens_per_s if label == "generate" else
-                  step_tokens_per_s if kw.pop("steps_only", False) else engine_tokens_per_s)
+        for label, fn, kw in variants:
             rows[batch][label] = attempt(f"{label} b{batch}", fn, model, args, batch, **kw)
             print(f"  decode b={batch} {label}: {rows[batch][label]}", flush=True)
     train_eager = None if args.skip_train else attempt("train eager", train_step_seconds, model, args)

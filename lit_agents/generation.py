@@ -657,13 +657,12 @@ class GenerationEngine:
             if keep is not None:
                 fed, runner = fed.index_select(0, keep), None
             uniform = draw()
+            batch.mask = torch.cat([batch.mask, batch.live.long()[:, None]], dim=1)
             if static:
-                if runner is None:
+                if runner is None:  # reads the mask's columns already in the cache
                     runner = _StaticStep(self, batch, params)
                 tok, lp = runner(fed, batch.live, batch.next_pos, uniform)
-                batch.mask = torch.cat([batch.mask, batch.live.long()[:, None]], dim=1)
             else:
-                batch.mask = torch.cat([batch.mask, batch.live.long()[:, None]], dim=1)
                 logits = self._forward(fed[:, None], batch.mask, batch.next_pos[:, None], batch.cache)
                 tok, lp = sample_from_logits(logits, params.temperature, params.top_p, uniform)
             batch.next_pos += batch.live.long()

@@ -155,9 +155,11 @@ class AgentPolicy(nn.Module):
         attn_implementation: ``"sdpa"``, ``"eager"``, ``"flash_attention_2"``...
         gradient_checkpointing: recompute activations in backward to save memory.
         logprob_chunk_size: positions per chunk when computing log-probs (bounds the logits memory).
-        compile: ``torch.compile`` each decoder layer in place (parameter names unchanged), for
-            training steps and rollouts alike: fuses the element-wise work between matrix
-            products. Pays on a GPU after the first steps (compilation); on CPU it rarely does.
+        compile: ``torch.compile`` each decoder layer in place (parameter names unchanged) for
+            training steps: fuses the element-wise work between matrix products. Rollouts run
+            the layers uncompiled; on a GPU the engine compiles its whole decode step instead
+            (`GenerationEngine(compile=True)`). Pays on a GPU after the first steps
+            (compilation); on CPU it rarely does.
     """
 
     def __init__(

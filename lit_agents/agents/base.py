@@ -49,7 +49,7 @@ class Agent(ABC):
         # on a GPU: CUDA-graph decode, compiled as one step when the policy compiles its layers
         engine = GenerationEngine(policy.model, pad_token_id=policy.pad_id, tokenizer=policy.tokenizer,
                                   show_progress=self.show_progress,
-                                  compile=getattr(policy, "compiled", False) and device.type == "cuda")
+                                  compile=policy.compiled and device.type == "cuda")
         return engine, torch.Generator(device=device).manual_seed(seed)
 
     @staticmethod
