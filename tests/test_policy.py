@@ -7,7 +7,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lit_agents.policy import AgentPolicy, ChatFormat
+from lit_agents.policy import AgentPolicy, ChatFormat, decoder_layers
 from lit_agents.tiny import END, SPECIAL_TOKENS, TinyConfig, build_tokenizer, default_corpus, embedded_default
 
 
@@ -214,3 +214,19 @@ def test_compiled_layers_give_the_same_logprobs_and_gradients(tiny_config, tmp_p
     assert compiled_keys == plain_keys and compiled_grads.keys() == plain_grads.keys() and plain_grads
     for name, grad in plain_grads.items():
         torch.testing.assert_close(compiled_grads[name], grad, atol=1e-5, rtol=1e-4)
+
+
+def test_rollouts_run_compiled_layers_uncompiled(tiny_config):
+    """The engine calls layers compiled in place uncompiled (with a cache they would recompile per
+    layer index) and leaves them compiled for training afterwards."""
+    import torch._dynamo
+
+    from lit_agents.generation import GenerationEngine, SamplingParams
+
+    policy = AgentPolicy(tiny=tiny_config, finetune="full", compile=True).eval()
+    layers = list(decoder_layers(policy.model))
+    frames = torch._dynamo.utils.counters["stats"]["calls_captured"]
+    engine = GenerationEngine(policy.model, pad_token_id=policy.pad_id)
+    engine.generate([None, None], [[3, 4, 5], [6, 7]], SamplingParams(max_new_tokens=4))
+    assert torch._dynamo.utils.counters["stats"]["calls_captured"] == frames  # nothing was traced
+    assert all(layer._compiled_call_impl is not None for layer in layers)
