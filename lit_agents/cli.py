@@ -5,6 +5,8 @@
     lit-agents quickstart                                # SFT then RL on TextCraft, with a table
     lit-agents demos -c configs/quickstart.yaml --out demos.jsonl   # expert episodes to JSONL
     lit-agents multi2                                    # Multi2's stages + baselines, with a table
+    lit-agents view runs/x/version_0/rollouts/val-epoch0007-rank0.jsonl   # rollouts as an HTML page
+    lit-agents eval -c configs/quickstart_rl.yaml --adapter runs/.../adapters/last   # a results table
 
 Configs use the omegaconf parser mode (``${...}`` interpolation). The YAML is the registry:
 modules, environments, agents and advantage functions are chosen by ``class_path``.
@@ -12,6 +14,7 @@ modules, environments, agents and advantage functions are chosen by ``class_path
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -81,25 +84,22 @@ class AgentsCLI(LightningCLI):
         rank_zero_info(f"resuming from {path}")
 
 
+# commands beside Lightning's: name -> module whose ``main(argv)`` runs it
+COMMANDS = {
+    "quickstart": "lit_agents.pipelines.quickstart",
+    "multi2": "lit_agents.pipelines.multi2",
+    "demos": "lit_agents.data.demos",
+    "view": "lit_agents.viewer",
+    "eval": "lit_agents.pipelines.evaluate",
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["quickstart"]:
-        from lit_agents.pipelines.quickstart import main as quickstart
-
-        quickstart(argv[1:])
-        return
-    if argv[:1] == ["multi2"]:
-        from lit_agents.pipelines.multi2 import main as multi2
-
-        multi2(argv[1:])
-        return
-    if argv[:1] == ["demos"]:
-        from lit_agents.data.demos import main as demos
-
-        demos(argv[1:])
+    if argv[:1] and argv[0] in COMMANDS:
+        importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
         return
     AgentsCLI(args=argv)
-
 
 if __name__ == "__main__":
     main()
