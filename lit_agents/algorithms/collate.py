@@ -172,7 +172,8 @@ def session_rows(
     Sessions with no generated token (also after truncation) give no row. Each row's ``meta``
     holds ``rollout`` (index into ``rollouts``), ``group_id``, ``task_id``, ``session_id``,
     ``kind``, ``depth``, ``truncated`` and ``tokens_dropped``; its role is the first call's role
-    (a session is assumed to have one role).
+    (a session is assumed to have one role). Each session also keeps its advantage in
+    ``session.meta["advantage"]`` (saved rollouts and the viewer show it).
 
     Args:
         rollouts: the rollouts.
@@ -195,6 +196,7 @@ def session_rows(
                 f"rollout {i} has {len(rollout.sessions)} sessions but {len(advs)} advantages"
             )
         for session, adv in zip(rollout.sessions, advs):
+            session.meta["advantage"] = float(adv)
             row = session_row(session, adv, max_tokens) if session.num_generated else None
             if row is not None:
                 row.meta.update(rollout=i, group_id=rollout.group_id, task_id=rollout.task_id)

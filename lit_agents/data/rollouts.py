@@ -87,7 +87,9 @@ class _LazyRollouts(IterableDataset):
 
     def __iter__(self) -> Iterator[list[Rollout]]:
         for start in range(0, len(self.tasks), self.chunk):
-            yield self.dm.play(self.tasks[start : start + self.chunk], 1, greedy=self.dm.val_greedy, seed=start)
+            rollouts = self.dm.play(self.tasks[start : start + self.chunk], 1, greedy=self.dm.val_greedy, seed=start)
+            self.dm._write(rollouts, "val")
+            yield rollouts
 
 
 class AgentDataModule(LightningDataModule):
@@ -103,7 +105,9 @@ class AgentDataModule(LightningDataModule):
         val_greedy: greedy decoding for validation (else the agent's sampling settings).
         val_chunk: tasks played per validation batch.
         seed: seed for task sampling and rollouts.
-        save_rollouts: also write every rollout played to ``<log_dir>/rollouts/*.jsonl``.
+        save_rollouts: also write every rollout played to ``<log_dir>/rollouts/*.jsonl``
+            (``{train,val}-epochNNNN-rankR.jsonl``; train sessions with ``meta["advantage"]``);
+            ``lit-agents view`` shows them (docs/viewer.md).
     """
 
     packing = False  # training data modules set these (`token_batches`)
@@ -164,7 +168,6 @@ class AgentDataModule(LightningDataModule):
                 )
         finally:
             policy.train(was_training)
-        self._write(rollouts, "val" if greedy else "train")
         return rollouts
 
     def _write(self, rollouts: list[Rollout], split: str) -> None:
@@ -294,6 +297,7 @@ class RolloutDataModule(AgentDataModule):
         rollouts = self.play(tasks, self.group_size, greedy=False, seed=epoch, group_offset=offset)
         self.last_rollouts, self.last_rollout_seconds = rollouts, time.perf_counter() - started
         rows = module.rollouts_to_rows(rollouts)
+        self._write(rollouts, "train")  # after the rows: sessions carry meta["advantage"]
         batches: list[list[Row]] = []
         rng = random.Random(self.seed * 31 + epoch)
         for _ in range(self.update_epochs):
