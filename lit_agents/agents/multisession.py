@@ -110,7 +110,7 @@ class MultiSessionAgent(ReActAgent):
     def run(self, policy: AgentPolicy, env: TextEnv, tasks: list[Task], group_size: int = 1, *,
             greedy: bool = False, seed: int = 0, group_offset: int = 0, policy_version: int = 0) -> list[Rollout]:
         episodes, lines = [], []
-        system = env.instructions if self.system_prompt is None else self.system_prompt
+        system = self.system_text(env)
         for i, task in enumerate(tasks):
             for _ in range(group_size):
                 state, first = env.reset(task)

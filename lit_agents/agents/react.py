@@ -3,8 +3,10 @@
 Each episode is one `main` session: the first prompt is the env's instructions plus its first
 observation; every turn the policy writes one action (a completion closed by the chat format's end
 token), the env answers with an observation, and only the new tokens are prefilled next turn
-(the engine keeps each session's KV cache). Subclass it and override `parse_action` for a custom
-action format, or `observation_text` to change what the model sees.
+(the engine keeps each session's KV cache). Subclass it for a custom action format: override
+`parse_action` (completion text -> env action), `format_action` (env action -> the completion a
+demonstration writes) and `system_text` (the system message that explains the format);
+`observation_text` changes what the model sees (examples/subclasses.py, docs/extending.md).
 """
 
 from __future__ import annotations
@@ -77,7 +79,17 @@ class ReActAgent(Agent):
         """The env action in a decoded completion (default: its first line)."""
         return completion.strip().split("\n", 1)[0].strip()
 
+    def format_action(self, action: str) -> str:
+        """The completion that writes env action ``action``: the inverse of `parse_action`, used
+        for demonstrations (`replay`, `expert_rollout`). Default: the action itself."""
+        return action
+
+    def system_text(self, env: TextEnv) -> str:
+        """The system message of every episode: ``system_prompt``, else the env's instructions."""
+        return env.instructions if self.system_prompt is None else self.system_prompt
+
     def observation_text(self, result: StepResult) -> str:
+        """What the model sees after an action (default: the env's observation)."""
         return result.observation
 
     # ------------------------------------------------------------------ rollouts
@@ -116,7 +128,7 @@ class ReActAgent(Agent):
             episode = _Episode(task, group_id, None, [], "", done=True, reason="env_error")
             episode.session.meta["error"] = repr(err)
             return episode
-        system = env.instructions if self.system_prompt is None else self.system_prompt
+        system = self.system_text(env)
         budget = self.context_limit(policy, self.max_context_tokens) - self.max_new_tokens
         prompt = self.fit_prompt(policy.chat.start(system, observation), budget)
         return _Episode(task, group_id, state, prompt, observation)
@@ -181,11 +193,10 @@ class ReActAgent(Agent):
     def replay(self, policy: AgentPolicy, env: TextEnv, episode: Episode, group_id: int = 0) -> Rollout:
         """A recorded text episode (a demonstration) tokenized as the policy's own turns would be:
         the same system prompt, chat format and observation text as `run`."""
-        system = env.instructions if self.system_prompt is None else self.system_prompt
-        pending, pending_text = policy.chat.start(system, episode.observation), episode.observation
+        pending, pending_text = policy.chat.start(self.system_text(env), episode.observation), episode.observation
         session, reward, role = Session(), 0.0, policy.active_role or "default"
         for action, result in episode.steps:
-            session.calls.append(written_call(policy, pending, pending_text, action, role))
+            session.calls.append(written_call(policy, pending, pending_text, self.format_action(action), role))
             reward += result.reward
             pending_text = self.observation_text(result)
             pending = policy.chat.next(pending_text)

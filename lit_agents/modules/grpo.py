@@ -8,6 +8,9 @@ penalty to a reference is added when a `KLAnchor` callback supplies reference lo
 (``batch["ref_logprobs"]``). Deviations from DeepSeekMath's GRPO: token-mean over the batch
 (Dr.-GRPO's constant normaliser is an option); zero-signal groups are dropped by default
 **[choice]**: their advantages are 0 and they would only cost compute.
+
+Extension points for subclasses (docs/extending.md, examples/subclasses.py): `rollout_rewards`
+(reward shaping), `rollout_advantages` (the estimator), `policy_loss` (the loss).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from torch import Tensor
 
 from lit_agents.algorithms.advantages import group_has_signal, grpo_advantages
 from lit_agents.algorithms.collate import Row, session_rows
-from lit_agents.algorithms.losses import cispo_loss, kl_loss, ppo_clip_loss
+from lit_agents.algorithms.losses import LossOutput, cispo_loss, kl_loss, ppo_clip_loss
 from lit_agents.modules.base import AgentModule
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Rollout
@@ -72,9 +75,9 @@ class GRPOPolicy(AgentModule):
     ) -> None:
         super().__init__(policy, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, lr_schedule=lr_schedule)
         self.advantage = advantage
-        self.policy_loss = {
-            "ppo": partial(ppo_clip_loss, eps_low=eps_low, eps_high=eps_high, normalizer=normalizer),
-            "cispo": partial(cispo_loss, max_ratio=cispo_max_ratio, normalizer=normalizer),
+        self._loss_fn = {
+            "ppo": partial(ppo_clip_loss, eps_low=eps_low, eps_high=eps_high),
+            "cispo": partial(cispo_loss, max_ratio=cispo_max_ratio),
         }[loss]
         self.kl_coef = 0.0  # set by a KLAnchor callback
 
@@ -86,16 +89,44 @@ class GRPOPolicy(AgentModule):
         agent = getattr(getattr(self._trainer, "datamodule", None), "agent", None)
         return getattr(agent, "temperature", 1.0) or 1.0
 
-    def rollout_advantages(self, rollouts: list[Rollout]) -> Tensor:
-        """One outcome advantage per rollout. [N]. Override for your own estimator."""
-        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
-        groups = torch.tensor([r.group_id for r in rollouts])
-        return self.advantage(rewards, groups)
+    # ------------------------------------------------------------------ extension points
+    def rollout_rewards(self, rollouts: list[Rollout]) -> Tensor:
+        """The reward each rollout is trained on. [N]. Default: the environment's
+        (``Rollout.reward``). Override to shape it (a length cost, a format bonus): the
+        advantages and the zero-signal filter both read it; ``rollout/reward`` still logs the
+        environment's."""
+        return torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
 
+    def rollout_advantages(self, rollouts: list[Rollout]) -> Tensor:
+        """One outcome advantage per rollout. [N]. Default: the ``advantage`` callable on
+        `rollout_rewards` and the group ids. Override for an estimator that needs more than
+        rewards (session counts, lengths, ``meta``)."""
+        groups = torch.tensor([r.group_id for r in rollouts])
+        return self.advantage(self.rollout_rewards(rollouts), groups)
+
+    def policy_loss(self, logp: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                    normalizer: float | None = None) -> LossOutput:
+        """The policy-gradient loss of one batch: PPO-clip or CISPO, as ``loss`` says. Override
+        for your own loss (the KL term is added by `training_step`).
+
+        Args:
+            logp: ``[B, T]`` log-probs under the current policy (with grad; 0 off the mask).
+            old_logprobs: ``[B, T]`` the sampler's log-probs.
+            advantages: ``[B, T]`` per-token advantages.
+            mask: ``[B, T]`` bool, True on the generated tokens to train.
+            normalizer: divisor of the summed token losses; ``None`` = their mean
+                (`losses.masked_mean` takes it).
+
+        Returns:
+            ``LossOutput(loss, stats)``; ``stats`` (detached scalars) are logged as ``diag/*``.
+        """
+        return self._loss_fn(logp, old_logprobs, advantages, mask, normalizer=normalizer)
+
+    # ------------------------------------------------------------------ training
     def rollouts_to_rows(self, rollouts: list[Rollout]) -> list[Row]:
         advantages = self.rollout_advantages(rollouts)
         if self.hparams.drop_zero_signal and rollouts:
-            rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+            rewards = self.rollout_rewards(rollouts)
             keep = group_has_signal(rewards, torch.tensor([r.group_id for r in rollouts])).tolist()
             rollouts = [r for r, k in zip(rollouts, keep) if k]
             advantages = advantages[torch.tensor(keep, dtype=torch.bool)]

@@ -72,10 +72,11 @@ class MosaicPolicy(GRPOPolicy):
         self.alpha, self.beta, self.gain_fn = alpha, beta, gain_fn
 
     def session_advantages(self, rollouts: list[Rollout]) -> list[list[float]]:
-        """One advantage per session of each rollout."""
+        """One advantage per session of each rollout (override for your own session credit; the
+        rollout rewards come from `rollout_rewards`)."""
         if not rollouts:
             return []
-        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+        rewards = self.rollout_rewards(rollouts)
         groups = torch.tensor([r.group_id for r in rollouts])
         if self.trajectory_term:
             counts = torch.tensor([len(r.sessions) for r in rollouts])

@@ -50,7 +50,7 @@ class RAOPolicy(GRPOPolicy):
         self.lam, self.propagate_root, self.depth_weighting = lam, propagate_root, depth_weighting
 
     def node_advantages(self, rollouts: list[Rollout]) -> list[list[float]]:
-        """One advantage per session (node) of each tree."""
+        """One advantage per session (node) of each tree (override for your own node credit)."""
         if not rollouts:
             return []
         success, parent, depth, tree, roots = [], [], [], [], []
