@@ -22,31 +22,29 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from lit_agents.pipelines.evaluate import evaluate_split, summarize
 from lit_agents.pipelines.quickstart import _cli
 
 STAGES = ("system1_sft", "system2_warmup", "system2_offline", "system2_online")
 
 
 def evaluate(cli, split: str, tasks: int | None = None) -> dict[str, Any]:
-    """Greedy success on a held-out split (``tasks`` of it; None: all), overall and by crafting
-    depth (with the tasks per depth), and generated tokens per episode."""
-    dm, policy = cli.datamodule, cli.model.policy
-    held = dm.held_out_tasks(split)[:tasks]
-    rollouts = dm.agent.run(policy.eval(), dm.env, held, 1, greedy=True, seed=0)
-    policy.train()
-    by_depth: dict[int, list[float]] = defaultdict(list)
-    for task, rollout in zip(held, rollouts):
-        by_depth[int(task.meta.get("depth", 0))].append(float(rollout.success))
+    """Greedy success on a held-out split (``tasks`` of its ``val_tasks`` sample; None: all of
+    it), overall and by crafting depth (with the tasks per depth), and generated tokens per
+    episode (`lit_agents.pipelines.evaluate`)."""
+    dm = cli.datamodule
+    count = dm.val_tasks if tasks is None else min(tasks, dm.val_tasks or tasks)
+    rows, _ = evaluate_split(cli, split, count, [dm.seed], group_by="depth")
+    overall, *groups = summarize(rows, "depth") or [{"success": 0.0, "generated_tokens": 0.0, "n": 0}]
     return {
-        "success": sum(r.success for r in rollouts) / max(len(rollouts), 1),
-        "by_depth": {d: sum(v) / len(v) for d, v in sorted(by_depth.items())},
-        "tasks_by_depth": {d: len(v) for d, v in sorted(by_depth.items())},
-        "tokens_per_episode": sum(r.num_generated for r in rollouts) / max(len(rollouts), 1),
-        "tasks": len(rollouts),
+        "success": overall["success"],
+        "by_depth": {g["group"]: g["success"] for g in groups},
+        "tasks_by_depth": {g["group"]: g["n"] for g in groups},
+        "tokens_per_episode": overall["generated_tokens"],
+        "tasks": overall["n"],
     }
 
 

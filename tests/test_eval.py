@@ -1,0 +1,217 @@
+"""``lit-agents eval``: end-to-end on the embedded default (flat, multi-session and recursive
+agents), a saved adapter or model really loaded, and the summary worked out by hand."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from lit_agents.callbacks import LoRACheckpoint
+from lit_agents.cli import main as cli_main
+from lit_agents.envs.base import Task
+from lit_agents.pipelines import evaluate
+from lit_agents.types import Call, Rollout, Session
+
+ROOT = Path(__file__).parents[1]
+CONFIGS = ROOT / "configs"
+TINY = [
+    "--model.init_args.policy.init_args.model=tiny",
+    "--model.init_args.policy.init_args.tiny.hidden_size=32",
+    "--model.init_args.policy.init_args.tiny.num_layers=1",
+    "--model.init_args.policy.init_args.tiny.num_heads=2",
+    "--model.init_args.policy.init_args.tiny.num_kv_heads=1",
+    "--model.init_args.policy.init_args.tiny.intermediate_size=64",
+]
+SHORT = ["--data.init_args.agent.init_args.max_new_tokens=6", "--data.init_args.agent.init_args.max_steps=2"]
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def _markdown_rows(path: Path) -> dict[str, list[str]]:
+    """First cell -> the other cells of each body row of summary.md's table."""
+    lines = [line for line in path.read_text().splitlines() if line.startswith("| ")][1:]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    return {row[0]: row[1:] for row in cells}
+
+
+@pytest.mark.parametrize(("config", "group_by", "agent"), [
+    ("quickstart_rl.yaml", "depth", "ReActAgent"),
+    ("mosaic/compaction_mosaic.yaml", "reason", "MultiSessionAgent"),
+    ("rao/recursive.yaml", "difficulty", "RecursiveAgent"),
+    ("multi2/system1_sft.yaml", "depth", "HierarchicalAgent"),
+])
+def test_eval_writes_results_that_the_summary_adds_up(tmp_path, capsys, config, group_by, agent):
+    out = tmp_path / "eval"
+    cli_main(["eval", "-c", str(CONFIGS / config), *TINY, *SHORT, "--split", "test", "--tasks", "3",
+                       "--seeds", "0,1", "--group-by", group_by, "--out", str(out)])
+    for name in ("results.csv", "rollouts.jsonl", "summary.csv", "summary.md", "success.png"):
+        assert (out / name).stat().st_size > 0, name
+    rows = _csv(out / "results.csv")
+    columns = [*evaluate.COLUMNS, *([group_by] if group_by not in evaluate.COLUMNS else [])]
+    assert list(rows[0]) == columns
+    assert [r["seed"] for r in rows] == ["0"] * 3 + ["1"] * 3
+    cli = evaluate.build([CONFIGS / config], [*TINY, *SHORT])  # the same seeded samples as validation's
+    assert type(cli.datamodule.agent).__name__ == agent
+    for seed in (0, 1):
+        expected = [t.task_id for t in evaluate.held_out(cli, "test", 3, seed)]
+        assert [r["task_id"] for r in rows if r["seed"] == str(seed)] == expected
+    assert len((out / "rollouts.jsonl").read_text().splitlines()) == 6
+    assert all(int(r["sessions"]) >= 1 and int(r["turns"]) >= 1 and int(r["generated_tokens"]) >= 1 for r in rows)
+
+    table = _markdown_rows(out / "summary.md")
+    assert table["all"][0] == "6"
+    groups = sorted({r[group_by] for r in rows})
+    assert set(table) == {"all", *groups}
+    for name in ["all", *groups]:
+        mine = [r for r in rows if name == "all" or r[group_by] == name]
+        n, success, _reward, generated, tokens = table[name][:5]
+        assert int(n) == len(mine)
+        assert success.startswith(f"{100 * sum(int(r['success']) for r in mine) / len(mine):.1f}%")
+        assert generated == f"{sum(int(r['generated_tokens']) for r in mine) / len(mine):.1f}"
+        assert tokens == f"{sum(int(r['total_tokens']) for r in mine) / len(mine):.1f}"
+    summary = _csv(out / "summary.csv")
+    assert [s["group"] for s in summary] == list(table)
+    assert [s["n"] for s in summary] == [cells[0] for cells in table.values()]
+    assert (out / "summary.md").read_text().strip() in capsys.readouterr().out
+
+
+def _perturbed_lora(cli, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Give every LoRA B matrix random weights (fresh adapters are the identity)."""
+    generator = torch.Generator().manual_seed(seed)
+    weights = {}
+    with torch.no_grad():
+        for name, param in cli.model.policy.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 2.0)
+                weights[name] = param.detach().clone()
+    return weights
+
+
+def _completions(path: Path) -> list[str]:
+    rollouts = [Rollout.from_dict(json.loads(line)) for line in path.read_text().splitlines()]
+    return [c.completion_text for r in rollouts for s in r.sessions for c in s.calls]
+
+
+def test_a_saved_adapter_is_loaded_and_used(tmp_path):
+    config, overrides = [CONFIGS / "quickstart_rl.yaml"], [*TINY, *SHORT]
+    trained = evaluate.build(config, overrides)
+    weights = _perturbed_lora(trained)
+    checkpoint = LoRACheckpoint().save(trained.model, tmp_path / "adapters" / "last")  # <log_dir>/adapters/last
+
+    loaded = evaluate.build(config, overrides, adapter=checkpoint)
+    params = dict(loaded.model.policy.named_parameters())
+    assert loaded.model.policy.active_role == "default"
+    assert all(torch.equal(params[name], value) for name, value in weights.items())
+    single = evaluate.build(config, overrides, adapter=checkpoint / "default")  # one peft folder
+    assert all(torch.equal(dict(single.model.policy.named_parameters())[n], v) for n, v in weights.items())
+
+    args = ["-c", str(config[0]), *overrides, "--tasks", "3"]
+    baseline = evaluate.main([*args, "--out", str(tmp_path / "baseline")])
+    report = evaluate.main([*args, "--adapter", str(checkpoint)])
+    assert report.out == tmp_path / "eval" / "last-test"  # next to the checkpoint, in the run's folder
+    assert [r["task_id"] for r in report.rows] == [r["task_id"] for r in baseline.rows]
+    assert _completions(report.out / "rollouts.jsonl") != _completions(baseline.out / "rollouts.jsonl")
+
+
+def test_every_role_of_a_checkpoint_is_loaded(tmp_path):
+    """Multi2's planner and executor: one folder per role, the config's active role kept."""
+    config, overrides = [CONFIGS / "multi2" / "system1_sft.yaml"], TINY
+    trained = evaluate.build(config, overrides)
+    weights = _perturbed_lora(trained)
+    checkpoint = LoRACheckpoint().save(trained.model, tmp_path / "last")
+    assert sorted(p.name for p in checkpoint.iterdir() if p.is_dir()) == ["executor", "planner"]
+    loaded = evaluate.build(config, overrides, adapter=checkpoint)
+    params = dict(loaded.model.policy.named_parameters())
+    assert sorted(loaded.model.policy.roles) == ["executor", "planner"]
+    assert all(torch.equal(params[name], value) for name, value in weights.items())
+    assert loaded.model.policy.active_role == trained.model.policy.active_role == "planner"
+
+
+def test_rao_trees_reads_a_full_fine_tuning_run(tmp_path):
+    """A run's saved config.yaml (with its fit-only keys) and the whole model LoRACheckpoint
+    writes under full fine-tuning: `benchmarks/rao_trees.py`, a wrapper over `lit-agents eval`."""
+    config = yaml.safe_load((CONFIGS / "rao" / "recursive.yaml").read_text())
+    policy = config["model"]["init_args"]["policy"]["init_args"]
+    policy.update(model="tiny", tiny={"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
+                                      "intermediate_size": 64, "corpus": "textcraft_synth"})
+    config["data"]["init_args"]["agent"]["init_args"].update(max_new_tokens=6, max_steps=2)
+    log_dir = tmp_path / "rao_sft" / "version_0"
+    log_dir.mkdir(parents=True)
+    (log_dir / "config.yaml").write_text(yaml.safe_dump({**config, "ckpt_path": None}))
+    trained = evaluate.build([log_dir / "config.yaml"])
+    with torch.no_grad():
+        trained.model.policy.model.get_output_embeddings().weight.mul_(3.0)
+    LoRACheckpoint().save(trained.model, log_dir / "adapters" / "last")  # -> adapters/last/model
+
+    spec = importlib.util.spec_from_file_location("rao_trees", ROOT / "benchmarks" / "rao_trees.py")
+    rao_trees = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rao_trees)
+    report = rao_trees.main([str(log_dir), "--splits", "val", "--tasks", "2"])
+    assert report["val"]["tasks"] == 2
+    assert sum(level["tasks"] for level in report["val"]["by_difficulty"].values()) == 2
+    assert json.loads((log_dir / "trees.json").read_text())["val"]["tasks"] == 2
+    assert (log_dir / "eval" / "last-val" / "summary.md").exists()
+
+    loaded = evaluate.build([log_dir / "config.yaml"], adapter=log_dir / "adapters" / "last")
+    assert loaded.model.policy.name == str(log_dir / "adapters" / "last" / "model")
+    assert torch.equal(loaded.model.policy.model.get_output_embeddings().weight,
+                       trained.model.policy.model.get_output_embeddings().weight)
+
+
+def _rollout(success: bool, depths: list[int], generated: int) -> Rollout:
+    sessions = [Session(i, "subagent" if d else "main", 0 if d else None, d,
+                        [Call([1, 2], [3] * generated, [0.0] * generated)]) for i, d in enumerate(depths)]
+    return Rollout("t", 0, sessions, float(success), success, {"reason": "done", "difficulty": 9})
+
+
+def test_result_rows_and_summary_by_hand():
+    task = Task("t", "goal", meta={"depth": 3})
+    row = evaluate.result_row(task, 1, _rollout(True, [0, 1, 2, 1], 4), "depth")
+    assert row == {"task_id": "t", "seed": 1, "success": 1, "reward": 1.0, "generated_tokens": 16,
+                   "total_tokens": 24, "sessions": 4, "max_depth": 2, "turns": 4, "reason": "done", "depth": 3}
+    assert evaluate.result_row(task, 0, _rollout(False, [0], 2), "difficulty")["difficulty"] == 9  # rollout meta
+    clash = Task("t", "goal", meta={"sessions": 99})
+    assert evaluate.result_row(clash, 0, _rollout(False, [0], 2), "sessions")["sessions"] == 1  # a column wins
+    assert evaluate.result_row(task, 0, _rollout(False, [0], 2), "nope")["nope"] == "-"
+
+    rows = [  # seed 0: 2 of 2 solved; seed 1: 1 of 3 solved
+        {"seed": 0, "success": 1, "depth": 3, "reward": 1.0, "generated_tokens": 10, "total_tokens": 100, "turns": 2,
+         "sessions": 1, "max_depth": 0},
+        {"seed": 0, "success": 1, "depth": 2, "reward": 1.0, "generated_tokens": 20, "total_tokens": 200, "turns": 4,
+         "sessions": 3, "max_depth": 2},
+        {"seed": 1, "success": 0, "depth": 3, "reward": 0.0, "generated_tokens": 30, "total_tokens": 300, "turns": 6,
+         "sessions": 1, "max_depth": 0},
+        {"seed": 1, "success": 1, "depth": 10, "reward": 1.0, "generated_tokens": 40, "total_tokens": 400, "turns": 8,
+         "sessions": 1, "max_depth": 0},
+        {"seed": 1, "success": 0, "depth": 2, "reward": 0.0, "generated_tokens": 50, "total_tokens": 500, "turns": 10,
+         "sessions": 2, "max_depth": 1},
+    ]
+    overall, *groups = evaluate.summarize(rows, "depth")
+    assert [g["group"] for g in groups] == [2, 3, 10]  # numeric order, not text order
+    assert overall["n"] == 5 and overall["success"] == pytest.approx(3 / 5)
+    assert overall["success_std"] == pytest.approx(((1 - 2 / 3) ** 2 + (1 / 3 - 2 / 3) ** 2) ** 0.5)  # stdev(1, 1/3)
+    assert (overall["generated_tokens"], overall["sessions"], overall["max_depth"]) == (30.0, 1.6, 0.6)
+    depth2 = groups[0]
+    assert (depth2["n"], depth2["success"], depth2["sessions"]) == (2, 0.5, 2.5)
+    assert depth2["success_std"] == pytest.approx(0.5 ** 0.5)  # stdev(1, 0)
+    table = evaluate.markdown([overall, *groups], "depth")
+    assert "| depth | n | success |" in table and "| all | 5 | 60.0% ± 47.1 | 0.60 | 30.0 | 300.0 |" in table
+    assert evaluate.summarize(rows, None) == [overall]
+    assert evaluate.summarize(rows, "nope") == [overall]  # no row has the key: overall only
+
+
+def test_default_out():
+    assert evaluate.default_out("configs/quickstart.yaml", None, "val") == Path("runs/eval/quickstart-val")
+    run = Path("runs/rl/version_0")
+    assert evaluate.default_out("c.yaml", run / "adapters" / "last", "test") == run / "eval" / "last-test"
+    assert evaluate.default_out("c.yaml", run / "adapters" / "best" / "model", "val") == run / "eval" / "best-val"
+    assert evaluate.default_out("c.yaml", Path("/x/my_adapter"), "val") == Path("/x/my_adapter-eval-val")
