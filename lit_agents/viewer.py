@@ -198,10 +198,15 @@ def render_html(rollouts: Sequence[Rollout], title: str = "rollouts", sources: S
 def main(argv: list[str] | None = None) -> None:
     """``lit-agents view``: write saved rollouts as one HTML page and print its path."""
     parser = argparse.ArgumentParser(prog="lit-agents view", description=main.__doc__)
-    parser.add_argument("paths", nargs="+", help="rollout JSONL files (<log_dir>/rollouts/*.jsonl)")
+    parser.add_argument("paths", nargs="+", help="rollout JSONL files or folders of them (<log_dir>/rollouts)")
     parser.add_argument("--out", help="the HTML file (default: the first file's name with .html)")
     parser.add_argument("--limit", type=int, default=None, help="show the first N rollouts only")
     args = parser.parse_args(argv)
+    # a folder stands for its JSONL files (e.g. <log_dir>/rollouts)
+    paths = [f for p in map(Path, args.paths) for f in (sorted(p.glob("*.jsonl")) if p.is_dir() else [p])]
+    if not paths:
+        parser.error(f"no .jsonl files in {' '.join(args.paths)}")
+    args.paths = [str(p) for p in paths]
     pairs = read_rollouts(args.paths, args.limit)
     out = Path(args.out) if args.out else Path(args.paths[0]).with_suffix(".html")
     title = Path(args.paths[0]).name + (f" (+{len(args.paths) - 1} files)" if len(args.paths) > 1 else "")

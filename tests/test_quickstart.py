@@ -6,7 +6,9 @@ The full run (``make quickstart``, ~12 minutes) is marked slow; CI runs the shor
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,13 @@ def test_quickstart_short(tmp_path, capsys):
     assert (tmp_path / "sft_model" / "config.json").exists()
     assert (Path(results["rl_adapters"]) / "default" / "adapter_config.json").exists()
     assert (tmp_path / "results.json").exists()
+    # the newcomer's viewer page: held-out rollouts after RL, then the last training epoch's
+    page = (tmp_path / "rollouts.html").read_text()
+    assert results["rollouts_page"] == str(tmp_path / "rollouts.html") and "Rollouts:" in out
+    data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S).group(1))
+    sources = [r["source"].split(":")[0] for r in data["rollouts"]]
+    assert len(sources) == 3 * 2 + 2 * 2  # 3 held-out tasks x 2 splits, then 2 train tasks x group 2
+    assert sources[0].startswith("val-") and sources[-1].startswith("train-")
 
 
 @pytest.mark.slow

@@ -104,6 +104,8 @@ def test_view_command_writes_the_page_and_prints_its_path(tmp_path, capsys):
     cli(["view", str(path), str(path), "--out", str(tmp_path / "both.html")])
     assert len(_page_data((tmp_path / "both.html").read_text())["rollouts"]) == 6
     assert len(read_rollouts([path], limit=0)) == 0
+    cli(["view", str(tmp_path), "--out", str(tmp_path / "folder.html")])  # a folder: its JSONL files
+    assert len(_page_data((tmp_path / "folder.html").read_text())["rollouts"]) == 3
 
 
 # ---------------------------------------------------------------------------- advantages in saved rollouts

@@ -5,6 +5,8 @@ expert demonstrations), stage 2 fits ``configs/quickstart_rl.yaml`` (GRPO with a
 on the SFT model). Held-out success (greedy) is measured before training, after SFT and after RL
 on two held-out splits: unseen goal items (``test``) and unseen instances of the train goals
 (``val``: new distractors and order); printed as a table and written to ``<out>/results.json``.
+The RL stage's last training rollouts (with their advantages) and its held-out rollouts after
+training go to ``<out>/rollouts.html`` (`lit_agents.viewer`).
 
     lit-agents quickstart                          # the README's main command (via make)
     lit-agents quickstart --out runs/qs --seed 1
@@ -71,9 +73,25 @@ def _table(results: dict[str, Any]) -> str:
         f"TensorBoard: tensorboard --logdir {results['out']}",
         f"SFT model:   {results['sft_model']}",
         f"RL adapter:  {results['rl_adapters']}",
+        *([f"Rollouts:    {results['rollouts_page']} (open in a browser)"] if results.get("rollouts_page") else []),
         f"Time: SFT {results['sft_seconds']:.0f}s, RL {results['rl_seconds']:.0f}s",
     ]
     return "\n".join(lines)
+
+
+def _rollout_page(folder: Path, page: Path) -> Path | None:
+    """The last epoch's training rollouts and the held-out rollouts after training, as one HTML
+    page; None where the RL config saves no rollouts."""
+    from lit_agents.viewer import read_rollouts, render_html
+
+    train = sorted(folder.glob("train-*.jsonl"))[-1:]
+    held_out = sorted(folder.glob("val-*.jsonl"))[-1:]
+    if not train + held_out:
+        return None
+    pairs = read_rollouts([*held_out, *train])
+    page.write_text(render_html([r for _, r in pairs], "quick start: held-out after RL, then the last training epoch",
+                                [s for s, _ in pairs]), encoding="utf-8")
+    return page
 
 
 def run(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str]) -> dict[str, Any]:
@@ -94,6 +112,7 @@ def run(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str]) -
                   [f"model.init_args.policy.init_args.model={sft_model}", *no_val, *rl])
     stage2.trainer.fit(stage2.model, datamodule=stage2.datamodule)
     after_rl = _evaluate(stage2)
+    page = _rollout_page(Path(stage2.trainer.log_dir) / "rollouts", out / "rollouts.html")
     results = {
         "seed": seed,
         "untrained": untrained,
@@ -103,6 +122,7 @@ def run(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str]) -
         "out": str(out),
         "sft_model": str(sft_model),
         "rl_adapters": str(Path(stage2.trainer.log_dir) / "adapters" / "last"),
+        "rollouts_page": str(page) if page else None,
         "sft_seconds": sft_seconds,
         "rl_seconds": time.perf_counter() - started,
     }
