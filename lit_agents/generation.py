@@ -47,7 +47,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformers import DynamicCache
+from transformers import AttentionInterface, AttentionMaskInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 
@@ -136,6 +136,12 @@ def sample_from_logits(
 ) -> tuple[Tensor, Tensor]:
     """Sample one token per row by inverse-CDF sampling; return the tokens and their log-probs.
 
+    Without top-p the CDF is walked in two levels (blocks of the vocabulary, then tokens inside
+    the chosen block) and only a row's max and sum are reduced for the log-prob, never a
+    full-vocabulary log-softmax or cumsum: on an H200 at batch 256 over 151,936 tokens, the
+    one-level scan alone took 0.31 ms a step. The same distribution, walked in the same token
+    order.
+
     Args:
         logits: ``[B, V]`` next-token logits (any float dtype; computed in float32).
         temperature: 0 for greedy (log-probs then at temperature 1), else the softmax temperature.
@@ -145,28 +151,51 @@ def sample_from_logits(
     Returns:
         tokens ``[B]`` (long) and logprobs ``[B]`` (float32) under the sampled-from distribution.
     """
-    logits = logits.float()
+    x = logits.float()
     if temperature == 0:
-        tokens = logits.argmax(-1)
-        logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
-        return tokens, logprobs
+        tokens = x.argmax(-1)
+        return tokens, x.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(x, -1)
     assert uniform is not None, "sampling needs uniform numbers"
-    logp = torch.log_softmax(logits / temperature, -1)
-    order = None
+    if temperature != 1.0:
+        x = x / temperature
     if top_p < 1.0:
-        logp, order = logp.sort(-1, descending=True)
+        logp, order = torch.log_softmax(x, -1).sort(-1, descending=True)
         probs = logp.exp()
         # drop a token when the mass strictly before it already reaches top_p (the top token stays)
         drop = (probs.cumsum(-1) - probs) >= top_p
         logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), -1)
-    cdf = logp.exp().cumsum(-1)
-    total = cdf[:, -1:]
-    # strictly below the total, so the searched bin always has positive probability
-    target = torch.minimum(uniform.to(cdf)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-    idx = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
-    logprobs = logp.gather(-1, idx).squeeze(-1)
-    tokens = idx.squeeze(-1) if order is None else order.gather(-1, idx).squeeze(-1)
-    return tokens, logprobs
+        cdf = logp.exp().cumsum(-1)
+        total = cdf[:, -1:]
+        # strictly below the total, so the searched bin always has positive probability
+        target = torch.minimum(uniform.to(cdf)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+        idx = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
+        return order.gather(-1, idx).squeeze(-1), logp.gather(-1, idx).squeeze(-1)
+    top = x.amax(-1, keepdim=True)
+    weights = torch.exp(x - top)  # unnormalized probabilities, the largest 1
+    idx, total = _inverse_cdf(weights, uniform.to(weights))
+    return idx, x.gather(-1, idx[:, None]).squeeze(-1) - top.squeeze(-1) - total.log()
+
+
+def _inverse_cdf(weights: Tensor, uniform: Tensor, block: int = 128) -> tuple[Tensor, Tensor]:
+    """``[B]`` token indices ``i`` with ``cdf[i-1] <= u * total < cdf[i]`` over non-negative
+    ``[B, V]`` weights, and each row's total ``[B]``; the chosen token always has positive weight.
+
+    Two levels: the cumulative sum of block sums finds the block, a cumsum over its ``block``
+    weights the token (``V / block + block`` scanned entries a row instead of ``V``)."""
+    b, v = weights.shape
+    pad = -v % block
+    blocks = (torch.nn.functional.pad(weights, (0, pad)) if pad else weights).view(b, -1, block)
+    block_cdf = blocks.sum(-1).cumsum(-1)  # [B, V / block]
+    total = block_cdf[:, -1:]
+    # strictly below the total, so the searched block and token have positive weight
+    target = torch.minimum(uniform[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    j = torch.searchsorted(block_cdf, target, right=True).clamp_(max=block_cdf.shape[-1] - 1)  # [B, 1]
+    before = torch.where(j > 0, block_cdf.gather(-1, (j - 1).clamp(min=0)), torch.zeros_like(target))
+    inner = blocks.gather(1, j[:, :, None].expand(b, 1, block)).squeeze(1).cumsum(-1)  # [B, block]
+    last = inner[:, -1:]
+    rest = torch.minimum((target - before).clamp(min=0), torch.nextafter(last, torch.zeros_like(last)))
+    i = torch.searchsorted(inner, rest, right=True).clamp_(max=block - 1)
+    return (j * block + i).squeeze(-1), total.squeeze(-1)
 
 
 class _StopStrings:
@@ -327,6 +356,49 @@ def _uncompiled_modules(model: torch.nn.Module) -> Iterator[None]:
             m._compiled_call_impl = impl
 
 
+DECODE_ATTENTION = "lit_decode_sdpa"
+
+
+def decode_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                     attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                     **kwargs: Any) -> tuple[Tensor, None]:
+    """Attention of static decode steps (registered as ``lit_decode_sdpa``): transformers' sdpa,
+    except that one query token per row with grouped KV heads attends with its queries packed as
+    ``[b, kv_heads, groups, d]`` against the cache as it is, never a ``repeat_kv`` copy of it, also
+    under ``torch.compile`` (transformers packs only outside compilation: compiled, a step copied
+    the whole KV cache once per layer; packing made the compiled step 1.4-1.8x faster on an H200).
+    The decode mask ``[b, 1, 1, capacity]`` is shared by all heads and broadcasts."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    shared_mask = attention_mask is None or attention_mask.shape[1] == 1
+    if query.shape[2] != 1 or groups == 1 or not shared_mask or kwargs.get("position_bias") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    b, heads, _, dim = query.shape
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(b, heads // groups, groups, dim), key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(b, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(DECODE_ATTENTION, decode_attention)
+AttentionMaskInterface.register(DECODE_ATTENTION, AttentionMaskInterface._global_mapping["sdpa"])
+
+
+@contextlib.contextmanager
+def _decode_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Models on sdpa attention use `decode_attention` inside the block."""
+    config = getattr(model.get_base_model() if hasattr(model, "get_base_model") else model, "config", None)
+    if config is None or config._attn_implementation != "sdpa":
+        yield
+        return
+    config._attn_implementation = DECODE_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = "sdpa"
+
+
 def _model_forward(engine: GenerationEngine, cache: DynamicCache, ids: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
     """The model call of a static decode step (what ``compile=True`` compiles)."""
     return engine._forward(ids, mask, pos, cache)
@@ -374,7 +446,8 @@ class _StaticStep:
         engine, temperature, top_p = self.engine, self.params.temperature, self.params.top_p
 
         def step() -> tuple[Tensor, Tensor]:
-            logits = engine._forward_fn(engine, self.cache, self.ids, self.mask, self.pos)
+            with _decode_attention(engine.model):
+                logits = engine._forward_fn(engine, self.cache, self.ids, self.mask, self.pos)
             return sample_from_logits(logits, temperature, top_p, self.uniform if temperature > 0 else None)
 
         if not self.graphs:

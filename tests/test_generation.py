@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 from transformers import (
+    AttentionInterface,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -17,9 +18,12 @@ from transformers import (
 )
 
 from lit_agents.generation import (
+    DECODE_ATTENTION,
     GenerationEngine,
     KVContext,
     SamplingParams,
+    _inverse_cdf,
+    decode_attention,
     sample_from_logits,
 )
 
@@ -395,3 +399,52 @@ def test_decode_mode_errors() -> None:
         GenerationEngine(model, pad_token_id=PAD, decode="dynamic", compile=True)
     with pytest.raises(ValueError, match="check_every"):
         GenerationEngine(model, pad_token_id=PAD, check_every=0)
+
+
+def test_decode_attention_packs_grouped_heads_like_repeat_kv() -> None:
+    """One query token per row: queries packed per KV head give sdpa over repeated KV heads."""
+    b, kv, groups, d, cap = 3, 2, 3, 8, 10
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, n, length, d, generator=gen) for n, length in ((kv * groups, 1), (kv, cap), (kv, cap)))
+    mask = torch.zeros(b, 1, 1, cap)
+    mask[0, ..., 7:] = mask[2, ..., :4] = torch.finfo(torch.float32).min
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = groups, True
+    out, _ = decode_attention(module, q, k, v, mask, scaling=d**-0.5)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), attn_mask=mask, scale=d**-0.5)
+    torch.testing.assert_close(out, ref.transpose(1, 2))
+
+
+def test_static_decode_runs_grouped_heads_through_decode_attention(monkeypatch) -> None:
+    """Static decode steps of an sdpa model use `decode_attention` (its packed branch), and the
+    model is left on plain sdpa afterwards."""
+    calls = []
+
+    def counted(module, query, *args, **kwargs):
+        calls.append(query.shape[2])
+        return decode_attention(module, query, *args, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, DECODE_ATTENTION, counted)
+    model = make_model("qwen2", "sdpa")
+    engine = GenerationEngine(model, pad_token_id=PAD, decode="static")
+    engine.generate([None] * 2, [[1, 2, 3], [4, 5]], SamplingParams(temperature=1.0, max_new_tokens=5),
+                    torch.Generator().manual_seed(0))
+    assert calls and set(calls) == {1}  # decode steps only; prefill stays on sdpa
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_two_level_inverse_cdf_matches_one_level_and_skips_zero_weights() -> None:
+    gen = torch.Generator().manual_seed(1)
+    for vocab in (1000, 1024):  # padded and whole blocks
+        logits, u = torch.randn(256, vocab, generator=gen) * 3, torch.rand(256, generator=gen)
+        tokens, logprobs = sample_from_logits(logits, 1.0, 1.0, u)
+        logp = torch.log_softmax(logits, -1)
+        cdf = logp.exp().cumsum(-1)
+        ref = torch.searchsorted(cdf, (u[:, None] * cdf[:, -1:]).clamp(max=cdf[:, -1:] * (1 - 1e-7)), right=True)
+        assert (tokens == ref.squeeze(-1)).float().mean() > 0.99  # equal but for float ties at bin edges
+        torch.testing.assert_close(logprobs, logp.gather(-1, tokens[:, None]).squeeze(-1))
+    weights = torch.zeros(3, 300)
+    weights[:, 5], weights[:, 299] = 1.0, 2.0  # all but two tokens (and whole blocks) have weight 0
+    idx, total = _inverse_cdf(weights, torch.tensor([0.0, 0.5, 1.0 - 1e-7]))
+    assert idx.tolist() == [5, 299, 299] and total.tolist() == [3.0] * 3
