@@ -23,7 +23,7 @@ test: install lint
 	$(PY) -m pytest -q -x --durations=15
 
 lint: install
-	$(VENV)/bin/ruff check lit_agents callbacks tests benchmarks
+	$(VENV)/bin/ruff check lit_agents callbacks tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) runs lightning_logs

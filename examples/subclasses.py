@@ -5,12 +5,19 @@
 | `StepCostGRPO` | `GRPOPolicy` | `rollout_rewards` | the reward trained on |
 | `SequenceMeanGRPO` | `GRPOPolicy` | `rollout_advantages` | the advantage estimator |
 | `DualClipPPO` | `GRPOPolicy` | `policy_loss` | the loss |
+| `SuccessfulDemosSFT` | `System1SFT` | `demonstration_rows` | which demonstrations SFT imitates |
+| `FilteredBCActorCritic` | `System2ActorCritic` | `actor_weights` | how much the actor imitates each action |
+| `DiscountedSessionMosaic` | `MosaicPolicy` | `session_advantages` | the credit of each session |
+| `StepCostRAO` | `RAOPolicy` | `node_rewards` | the reward of each node of a tree |
 | `ThoughtActionAgent` | `ReActAgent` | `system_text`, `parse_action`, `format_action` | the action format |
+| `EarlyCompactionAgent` | `MultiSessionAgent` | `should_compact` | when a session compacts |
+| `DepthAwareAgent` | `RecursiveAgent` | `node_prompt` | what each node of a tree is told |
+| `SubgoalLineAgent` | `HierarchicalAgent` | `parse_subgoal` | how the planner's text becomes a subgoal |
 
 (The environment's extension point is `lit_agents.envs.TextEnv`: examples/guess_number.py.)
-`MosaicPolicy` and `RAOPolicy` inherit the first and third hooks; their advantages are
-`session_advantages` and `node_advantages`. Each class swaps into examples/guess_number.yaml
-from the command line (run from the repository root):
+`MosaicPolicy` inherits `rollout_rewards` and `policy_loss`, `RAOPolicy` `policy_loss`. The first
+three and `ThoughtActionAgent` swap into examples/guess_number.yaml from the command line (run
+from the repository root):
 
     PYTHONPATH=examples lit-agents fit -c examples/guess_number.yaml --model.class_path subclasses.StepCostGRPO
     PYTHONPATH=examples lit-agents fit -c examples/guess_number.yaml --model.class_path subclasses.SequenceMeanGRPO
@@ -18,20 +25,26 @@ from the command line (run from the repository root):
     PYTHONPATH=examples lit-agents fit -c examples/guess_number.yaml \\
         --data.init_args.agent.class_path subclasses.ThoughtActionAgent
 
+The others swap into the config of their module or loop (docs/extending.md has each command):
+configs/quickstart.yaml, configs/multi2/system2_offline.yaml and system2_online.yaml,
+configs/mosaic/compaction_mosaic.yaml and configs/rao/recursive.yaml.
+
 docs/extending.md explains each; tests/test_extending.py runs each.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from lit_agents.agents import ReActAgent
+from lit_agents.agents import HierarchicalAgent, MultiSessionAgent, ReActAgent, RecursiveAgent
+from lit_agents.algorithms.collate import Row
 from lit_agents.algorithms.losses import LossOutput, masked_mean
 from lit_agents.envs import TextEnv
-from lit_agents.modules import GRPOPolicy
+from lit_agents.modules import GRPOPolicy, MosaicPolicy, RAOPolicy, System1SFT, System2ActorCritic
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Rollout
 
@@ -152,3 +165,153 @@ class ThoughtActionAgent(ReActAgent):
 
     def format_action(self, action: str) -> str:
         return f"{self.marker} {action}"
+
+
+# ----------------------------------------------------------------------------- other modules
+class SuccessfulDemosSFT(System1SFT):
+    """SFT on the demonstrations that succeeded only: overrides `System1SFT.demonstration_rows`.
+
+    Why: the data module keeps failed episodes on purpose: the epsilon-noisy experts' failures
+    are offline RL's contrast (``noisy:``), and a ``path:`` file of your own agent's episodes
+    holds whatever it did. SFT imitates every target token it is given, mistakes included;
+    filtered behaviour cloning (the imitation half of rejection-sampling fine-tuning) keeps the
+    successes. The rows come once, when the fit starts.
+    """
+
+    def demonstration_rows(self, rollouts: list[Rollout]) -> list[Row]:
+        return super().demonstration_rows([r for r in rollouts if r.success])
+
+
+class FilteredBCActorCritic(System2ActorCritic):
+    """The actor imitates exactly the actions the critic rates above average, each with weight
+    1: overrides `System2ActorCritic.actor_weights`.
+
+    Why: the default weights are exponential in the advantage (``beta`` offline, ``alpha``
+    online), so their spread depends on the critic's scale, which drifts while the critic
+    learns, and a few actions can take the whole batch. The indicator ``1[A > 0]`` (CRR's
+    "binary" variant, Wang et al. 2020, arXiv 2006.15134) is scale-free: the critic only has to
+    rank an action against the baseline, and ``train/weight_max`` is at most 1.
+    """
+
+    def actor_weights(self, advantages: Tensor, episodes: Tensor) -> Tensor:
+        return (advantages > 0).float()
+
+
+class DiscountedSessionMosaic(MosaicPolicy):
+    """Each session's advantage decays with the compactions that follow it: overrides
+    `MosaicPolicy.session_advantages`.
+
+    Why: a compaction keeps only a summary of what came before, so an early session reaches the
+    outcome through every summary written after it; Mosaic gives it the whole trajectory term
+    all the same. Scaling session k's advantage by ``session_discount ** c_k``, with ``c_k`` the
+    compaction sessions that start after it, is a discount counted in compactions rather than
+    steps. Rollouts without compaction (forking only) are unchanged.
+
+    Args:
+        policy: the model.
+        session_discount: the factor per later compaction, in (0, 1].
+        **kwargs: see `MosaicPolicy` (alpha, beta, gain_fn, loss, lr, ...).
+    """
+
+    def __init__(self, policy: AgentPolicy, session_discount: float = 0.8, **kwargs: Any) -> None:
+        if not 0.0 < session_discount <= 1.0:
+            raise ValueError(f"session_discount must be in (0, 1], got {session_discount}")
+        super().__init__(policy, **kwargs)
+        self.session_discount = session_discount
+
+    def session_advantages(self, rollouts: list[Rollout]) -> list[list[float]]:
+        out = []
+        for rollout, advantages in zip(rollouts, super().session_advantages(rollouts)):
+            kinds = [s.kind for s in rollout.sessions]
+            out.append([a * self.session_discount ** kinds[k + 1:].count("compaction")
+                        for k, a in enumerate(advantages)])
+        return out
+
+
+class StepCostRAO(RAOPolicy):
+    """RAO on each node's reward minus a cost per turn the node took: overrides
+    `RAOPolicy.node_rewards`.
+
+    Why: RAO's rewards are verified successes, so when every tree of a task succeeds (or every
+    one fails) the leave-one-out baseline leaves no signal; a cost per turn ranks the shorter
+    trees first. A node's turns are its own (its children's turns are theirs), so a parent pays
+    for what it wrote, not for what it delegated.
+
+    Args:
+        policy: the model.
+        step_cost: reward subtracted per turn of the node (``session.meta["steps"]``).
+        **kwargs: see `RAOPolicy` (lam, depth_weighting, loss, lr, ...).
+    """
+
+    def __init__(self, policy: AgentPolicy, step_cost: float = 0.02, **kwargs: Any) -> None:
+        super().__init__(policy, **kwargs)
+        self.step_cost = step_cost
+
+    def node_rewards(self, rollouts: list[Rollout]) -> Tensor:
+        turns = torch.tensor([float(s.meta.get("steps", len(s.calls))) for r in rollouts for s in r.sessions])
+        return super().node_rewards(rollouts) - self.step_cost * turns
+
+
+# ----------------------------------------------------------------------------- other agent loops
+class EarlyCompactionAgent(MultiSessionAgent):
+    """Compacts once a session holds ``compact_at`` of its token budget: overrides
+    `MultiSessionAgent.should_compact`.
+
+    Why: by default a session compacts only when its next action would not fit, and the summary
+    is then asked for at the very end of the window: a summary longer than an action
+    (``summary_tokens > max_new_tokens``) takes the session past ``context_budget``, and a long
+    context is where a small model reads worst. Compacting earlier leaves the summary room.
+
+    Args:
+        compact_at: the share of ``context_budget`` past which the session compacts, in (0, 1].
+        **kwargs: see `MultiSessionAgent` (context_budget, summary_tokens, forking, ...).
+    """
+
+    def __init__(self, compact_at: float = 0.75, **kwargs: Any) -> None:
+        if not 0.0 < compact_at <= 1.0:
+            raise ValueError(f"compact_at must be in (0, 1], got {compact_at}")
+        super().__init__(**kwargs)
+        self.compact_at = compact_at
+
+    def should_compact(self, tokens: int) -> bool:
+        return tokens > self.compact_at * self.context_budget or super().should_compact(tokens)
+
+
+class DepthAwareAgent(RecursiveAgent):
+    """Every node is told its depth and whether it may still delegate: overrides
+    `RecursiveAgent.node_prompt`.
+
+    Why: a node cannot see where it is in the tree, and a ``launch_subagent`` below
+    ``max_depth`` is refused only once the code has run: a wasted turn, and a node that meant
+    to delegate has to start over. Told its depth, a node at the limit crafts by itself.
+    Demonstrations get the same prompts (`expert_rollout` grows its trees through the same
+    code), so SFT teaches them.
+    """
+
+    def node_prompt(self, env: TextEnv, state: Any, depth: int) -> str:
+        text = super().node_prompt(env, state, depth)
+        if not self.recursive:
+            return text
+        if depth >= self.max_depth:
+            return f"{text}\nDepth {depth}, the deepest: launch_subagent is refused here."
+        return f"{text}\nDepth {depth} of at most {self.max_depth}."
+
+
+class SubgoalLineAgent(HierarchicalAgent):
+    """The subgoal is the text after the planner's last ``Subgoal:``, bullets and the final
+    period dropped: overrides `HierarchicalAgent.parse_subgoal`.
+
+    Why: the default takes the planner's first line as it is, which is what a planner trained
+    on the demonstrations writes. A prompted instruction-tuned planner thinks first, or writes
+    ``Subgoal: craft 4 oak planks.``; the env's ``goal_met`` cannot parse that, so the executor
+    is never credited for meeting it. Without a marker the first non-empty line is taken.
+    """
+
+    _MARKER = re.compile(r"sub-?goal\s*:", re.IGNORECASE)
+    _BULLET = re.compile(r"^(?:[-*]|\d+[.)])\s+")
+
+    def parse_subgoal(self, completion: str) -> str:
+        found = list(self._MARKER.finditer(completion))
+        text = completion[found[-1].end():] if found else completion
+        line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+        return self._BULLET.sub("", line).rstrip(".").strip()

@@ -361,6 +361,260 @@ def test_subclass_hooks_run_in_fit(flag, owner, hook, examples, qwen2, tmp_path,
         assert "`Action: <your action>`" in cli.model.policy.tokenizer.decode(first.prompt_ids)
 
 
+# ----------------------------------------------------------------------------- subclasses: the other modules and loops
+CONFIGS = ROOT / "configs"
+# the embedded default at its smallest (hidden 32, one layer): built once per test session
+TINY = [f"--model.init_args.policy.init_args.tiny.{key}={value}" for key, value in
+        (("hidden_size", 32), ("num_layers", 1), ("intermediate_size", 64), ("num_heads", 2), ("num_kv_heads", 1))]
+QUICK = ["--trainer.max_epochs=1", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
+         "--trainer.enable_model_summary=false", "--data.init_args.val_tasks=1"]
+# RolloutDataModule: 2 tasks x 2 attempts, short turns
+ROLLOUTS = ["--data.init_args.tasks_per_epoch=2", "--data.init_args.group_size=2",
+            "--data.init_args.agent.init_args.max_new_tokens=4"]
+
+
+def fit_config(config: str, tmp_path: Path, *args: str, overlay: dict | None = None) -> AgentsCLI:
+    """``lit-agents fit -c configs/<config> [-c overlay.yaml] <args>`` (a class flag first): one epoch without
+    validation on the smallest embedded default (a config that starts from an earlier stage's
+    model gets it too), writing under ``tmp_path``."""
+    out, more = tmp_path / "runs", []
+    if overlay is not None:  # `null` values (no adapters to load) are YAML, not flags
+        (tmp_path / "overlay.yaml").write_text(json.dumps(overlay))
+        more = ["-c", str(tmp_path / "overlay.yaml")]
+    # a class flag first: jsonargparse would drop the nested `tiny` values given before it
+    return AgentsCLI(args=["fit", "-c", str(CONFIGS / config), *more, *args, "--model.init_args.policy.init_args.model=tiny",
+                           *TINY, *QUICK, f"--trainer.default_root_dir={out}", f"--trainer.logger.init_args.save_dir={out}"])
+
+
+def _node(sid: int, parent: int | None, depth: int, ok: bool, steps: int) -> Session:
+    call = Call([1, 2], [3, 4], [-0.1, -0.1])
+    return Session(sid, "main" if parent is None else "subagent", parent, depth, [call],
+                   meta={"success": ok, "steps": steps})
+
+
+def _session(sid: int, kind: str, before: float, after: float) -> Session:
+    call = Call([1, 2, 3], [4, 5], [-0.1, -0.2])
+    return Session(sid, kind, None, 0, [call], meta={"progress_before": before, "progress_after": after})
+
+
+def test_successful_demos_sft_in_fit(examples, tmp_path, monkeypatch):
+    """configs/quickstart.yaml on a demonstrations file of your own (``path:``) in which two of
+    four episodes failed: `SuccessfulDemosSFT.demonstration_rows` makes the rows, of the two
+    successes only."""
+    import subclasses
+
+    from lit_agents.data.demos import read_episodes, write_episodes
+
+    demos = tmp_path / "demos.jsonl"
+    main(["demos", "-c", str(CONFIGS / "quickstart.yaml"), "--limit", "4", "--out", str(demos)])
+    episodes = read_episodes(demos)
+    for episode in episodes[1::2]:  # your agent's failures: stopped after one action
+        episode.steps, episode.success = episode.steps[:1], False
+    write_episodes(episodes, demos)
+    calls = spy(subclasses.SuccessfulDemosSFT, "demonstration_rows", monkeypatch)
+    cli = fit_config("quickstart.yaml", tmp_path, "--model.class_path=subclasses.SuccessfulDemosSFT",
+                     f"--data.init_args.path={demos}")
+    assert cli.trainer.global_step >= 1 and torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+    ((_, rollouts), rows), = calls
+    assert [r.success for r in rollouts] == [True, False, True, False]
+    assert {row.meta["task_id"] for row in rows} == {episodes[0].task.task_id, episodes[2].task.task_id}
+    assert cli.datamodule.rows == rows  # what the epoch trained on
+
+
+def test_filtered_bc_actor_weights_in_fit(examples, tmp_path, monkeypatch):
+    """configs/multi2/system2_offline.yaml (expert and epsilon-noisy demonstrations) with fresh
+    adapters: the actor's weights are `FilteredBCActorCritic.actor_weights`, 1 exactly where the
+    critic's advantage is positive, where the default's are exponential."""
+    import subclasses
+
+    from lit_agents.modules import System2ActorCritic
+
+    calls = spy(subclasses.FilteredBCActorCritic, "actor_weights", monkeypatch)
+    overlay = {"model": {"init_args": {
+        "policy": {"init_args": {"adapters": None, "frozen_adapters": None, "roles": ["executor", "planner"]}},
+        "critic_warmup_steps": 0, "head_width": 16}},
+        "data": {"init_args": {"path": None, "demos": 4}}}
+    cli = fit_config("multi2/system2_offline.yaml", tmp_path, "--model.class_path=subclasses.FilteredBCActorCritic",
+                     "--model.init_args.policy.init_args.lora_r=4", overlay=overlay)
+    assert cli.trainer.current_epoch == 1 and type(cli.model) is subclasses.FilteredBCActorCritic
+    assert len(calls) == cli.trainer.num_training_batches  # one call per batch
+    for (module, advantages, episodes), weights in calls:
+        assert torch.equal(weights, (advantages > 0).float())
+        assert not torch.allclose(System2ActorCritic.actor_weights(module, advantages, episodes), weights)
+    assert cli.trainer.callback_metrics["train/weight_max"] <= 1.0
+
+
+def test_subgoal_line_agent_in_fit(examples, tmp_path, monkeypatch):
+    """configs/multi2/system2_online.yaml with fresh adapters and no buffer seed: every subgoal
+    the planner sets is `SubgoalLineAgent.parse_subgoal` of its text, and the executor is told it."""
+    import subclasses
+
+    calls = spy(subclasses.SubgoalLineAgent, "parse_subgoal", monkeypatch)
+    overlay = {"model": {"init_args": {
+        "policy": {"init_args": {"adapters": None, "frozen_adapters": None,
+                                 "roles": ["executor", "planner", "executor_offline"]}},
+        "buffer_seed": None, "keep_failures": 1.0, "head_width": 16}}}
+    cli = fit_config("multi2/system2_online.yaml", tmp_path, "--data.init_args.agent.class_path=subclasses.SubgoalLineAgent",
+                     "--model.init_args.policy.init_args.lora_r=4", *ROLLOUTS, "--data.init_args.agent.init_args.plan_tokens=6",
+                     "--data.init_args.agent.init_args.max_steps=3", overlay=overlay)
+    assert cli.trainer.current_epoch == 1 and type(cli.datamodule.agent) is subclasses.SubgoalLineAgent
+    planned = [(s, r.sessions[s.session_id + 1]) for r in cli.datamodule.last_rollouts for s in r.sessions
+               if s.meta["role"] == "planner"]
+    assert len(calls) == len(planned) >= 4  # every planner call, every episode
+    for (_, text), subgoal in calls:
+        assert subgoal == cli.datamodule.agent.parse_subgoal(text)
+    for planner, executor in planned:
+        assert planner.meta["subgoal"] == cli.datamodule.agent.parse_subgoal(planner.calls[0].completion_text)
+        assert executor.calls[0].prompt_text.endswith(f"Subgoal: {planner.meta['subgoal']}")
+
+
+def test_subgoal_line_parsing():
+    from subclasses import SubgoalLineAgent
+
+    from lit_agents.agents import HierarchicalAgent
+
+    agent, default = SubgoalLineAgent(), HierarchicalAgent()
+    text = "I need planks first.\nSubgoal: craft 4 oak planks."
+    assert agent.parse_subgoal(text) == "craft 4 oak planks" and default.parse_subgoal(text) == "I need planks first."
+    assert agent.parse_subgoal("- craft 1 stick\nthen more") == "craft 1 stick"
+    assert agent.parse_subgoal("1. get 2 oak log") == "get 2 oak log"
+    assert agent.parse_subgoal("craft 4 oak planks") == default.parse_subgoal("craft 4 oak planks")
+    assert agent.parse_subgoal("") == ""
+
+
+def test_discounted_session_advantages_by_hand(examples, policy):
+    from subclasses import DiscountedSessionMosaic
+
+    from lit_agents.modules import MosaicPolicy
+
+    a = Rollout("t", 0, [_session(0, "main", 0.0, 1.0)], reward=1.0, success=True)
+    b = Rollout("t", 0, [_session(0, "main", 0.0, 0.5), _session(1, "compaction", 0.5, 0.6),
+                         _session(2, "compaction", 0.6, 1.0)], reward=1.0, success=True)
+    c = Rollout("t", 0, [_session(0, "main", 0.0, 0.2), _session(1, "compaction", 0.2, 0.2)], reward=0.0)
+    base = MosaicPolicy(policy).session_advantages([a, b, c])
+    got = DiscountedSessionMosaic(policy, session_discount=0.5).session_advantages([a, b, c])
+    # compactions after each session: a [0]; b [2, 1, 0]; c [1, 0]
+    want = [[base[0][0]], [base[1][0] / 4, base[1][1] / 2, base[1][2]], [base[2][0] / 2, base[2][1]]]
+    assert got == [pytest.approx(w) for w in want]
+    with pytest.raises(ValueError, match="session_discount"):
+        DiscountedSessionMosaic(policy, session_discount=0.0)
+
+
+def test_discounted_session_mosaic_in_fit(examples, tmp_path, monkeypatch):
+    """configs/mosaic/compaction_mosaic.yaml on examples/guess_number.py's env (its shaped
+    rewards give a random model a learning signal), a budget that forces compaction: the
+    advantages trained on are `DiscountedSessionMosaic.session_advantages`, not Mosaic's own."""
+    import subclasses
+
+    from lit_agents.modules import MosaicPolicy
+
+    calls = spy(subclasses.DiscountedSessionMosaic, "session_advantages", monkeypatch)
+    env = {"data": {"init_args": {"env": {"class_path": "guess_number.GuessNumber", "init_args": {"shaping": 0.5}}}}}
+    cli = fit_config("mosaic/compaction_mosaic.yaml", tmp_path, "--model.class_path=subclasses.DiscountedSessionMosaic",
+                     "--model.init_args.session_discount=0.5", "--model.init_args.policy.init_args.lora_r=4", *ROLLOUTS,
+                     "--data.init_args.agent.init_args.max_steps=4", "--data.init_args.agent.init_args.summary_tokens=4",
+                     "--data.init_args.agent.init_args.context_budget=120", overlay=env)
+    assert_trained(cli)
+    ((module, rollouts), advantages), = calls
+    base = MosaicPolicy.session_advantages(module, rollouts)
+    changed = 0
+    for rollout, got, want in zip(rollouts, advantages, base):
+        kinds = [s.kind for s in rollout.sessions]
+        assert got == pytest.approx([w * 0.5 ** kinds[k + 1:].count("compaction") for k, w in enumerate(want)])
+        changed += got != pytest.approx(want)
+        if any(got):  # a rollout kept for training: each session's rows carried its discounted advantage
+            assert [s.meta["advantage"] for s in rollout.sessions] == pytest.approx(got)
+    assert changed >= 1
+
+
+def test_early_compaction_agent_in_fit(examples, tmp_path, monkeypatch):
+    """configs/mosaic/compaction_mosaic.yaml with `EarlyCompactionAgent` at half the budget:
+    sessions compact where `MultiSessionAgent.should_compact` would have let them go on."""
+    import subclasses
+
+    from lit_agents.agents import MultiSessionAgent
+
+    calls = spy(subclasses.EarlyCompactionAgent, "should_compact", monkeypatch)
+    cli = fit_config("mosaic/compaction_mosaic.yaml", tmp_path, "--data.init_args.agent.class_path=subclasses.EarlyCompactionAgent",
+                     "--data.init_args.agent.init_args.compact_at=0.5", "--model.init_args.policy.init_args.lora_r=4",
+                     "--model.init_args.drop_zero_signal=false", *ROLLOUTS, "--data.init_args.agent.init_args.max_steps=3",
+                     "--data.init_args.agent.init_args.summary_tokens=4")
+    assert_trained(cli)
+    agent = cli.datamodule.agent
+    assert type(agent) is subclasses.EarlyCompactionAgent and agent.context_budget == 256
+    early = [tokens for (_, tokens), compact in calls if compact and not MultiSessionAgent.should_compact(agent, tokens)]
+    assert early and all(128 < t <= 256 - agent.max_new_tokens for t in early)
+    assert all(r.meta["compactions"] >= 1 for r in cli.datamodule.last_rollouts)
+
+
+def test_early_compaction_trigger_by_hand():
+    from subclasses import EarlyCompactionAgent
+
+    from lit_agents.agents import MultiSessionAgent
+
+    early = EarlyCompactionAgent(compact_at=0.5, context_budget=100, max_new_tokens=10)
+    default = MultiSessionAgent(context_budget=100, max_new_tokens=10)
+    assert [early.should_compact(t) for t in (50, 51, 91)] == [False, True, True]
+    assert [default.should_compact(t) for t in (50, 51, 90, 91)] == [False, False, False, True]
+    with pytest.raises(ValueError, match="compact_at"):
+        EarlyCompactionAgent(compact_at=1.5)
+
+
+def test_step_cost_node_rewards_by_hand(examples, policy):
+    from subclasses import StepCostRAO
+
+    # tree A: root ok (2 turns), children ok (1 turn) / failed (3 turns); tree B: a failed root (4 turns)
+    a = Rollout("t", 0, [_node(0, None, 0, True, 2), _node(1, 0, 1, True, 1), _node(2, 0, 1, False, 3)], 1.0, True)
+    b = Rollout("t", 0, [_node(0, None, 0, False, 4)], 0.0, False)
+    module = StepCostRAO(policy, step_cost=0.1, lam=0.4, depth_weighting=False)
+    # R: root A 1 + 0.4 * 0.5 - 0.2 = 1.0, children 0.9 / -0.3, root B -0.4; baselines A -0.4, B 1.0
+    assert module.node_rewards([a, b]).tolist() == pytest.approx([1.0, 0.9, -0.3, -0.4])
+    advantages = module.node_advantages([a, b])
+    assert advantages[0] == pytest.approx([1.4, 1.3, 0.1]) and advantages[1] == pytest.approx([-1.4])
+
+
+def test_depth_aware_prompts_by_hand(examples, policy):
+    from subclasses import DepthAwareAgent
+
+    from lit_agents.envs import TextCraftSynth
+
+    env = TextCraftSynth(difficulty="easy")
+    state, intro = env.reset(env.tasks("train")[0])
+    agent = DepthAwareAgent(max_depth=2)
+    assert agent.node_prompt(env, state, 0) == f"{intro}\nDepth 0 of at most 2."
+    assert agent.node_prompt(env, state, 2).endswith("Depth 2, the deepest: launch_subagent is refused here.")
+    assert DepthAwareAgent(recursive=False).node_prompt(env, state, 0) == intro
+
+
+@pytest.mark.parametrize(("flag", "owner", "hook"), [
+    ("--model.class_path=subclasses.StepCostRAO", "StepCostRAO", "node_rewards"),
+    ("--data.init_args.agent.class_path=subclasses.DepthAwareAgent", "DepthAwareAgent", "node_prompt"),
+], ids=["node_rewards", "node_prompt"])
+def test_rao_subclass_hooks_run_in_fit(flag, owner, hook, examples, tmp_path, monkeypatch):
+    """configs/rao/recursive.yaml on the embedded default built for TextCraft-Synth: the node
+    rewards RAO trains on are `StepCostRAO.node_rewards` (a cost of 0.1 per turn); every node's
+    first prompt is `DepthAwareAgent.node_prompt`."""
+    import subclasses
+
+    from lit_agents.modules import RAOPolicy
+
+    calls = spy(getattr(subclasses, owner), hook, monkeypatch)
+    cost = ["--model.init_args.step_cost=0.1"] if hook == "node_rewards" else []
+    cli = fit_config("rao/recursive.yaml", tmp_path, flag, *cost, "--model.init_args.policy.init_args.tiny.corpus=textcraft_synth",
+                     *ROLLOUTS, "--data.init_args.agent.init_args.max_steps=2")
+    assert cli.trainer.global_step >= 1 and torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+    rollouts = cli.datamodule.last_rollouts
+    nodes = [s for r in rollouts for s in r.sessions]
+    if hook == "node_rewards":
+        ((module, seen), rewards), = calls
+        turns = torch.tensor([float(s.meta["steps"]) for s in nodes])
+        assert seen is rollouts and torch.allclose(rewards, RAOPolicy.node_rewards(module, rollouts) - 0.1 * turns)
+        assert turns.min() >= 1
+    else:
+        assert len(calls) == len(nodes)
+        assert all(s.calls[0].prompt_text.endswith(f"Depth {s.depth} of at most 10.") for s in nodes)
+
+
 # ----------------------------------------------------------------------------- QLoRA on a GPU
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="QLoRA (load_in_4bit) needs a CUDA GPU")
 def test_qlora_gpu_check(tmp_path):

@@ -15,6 +15,11 @@ A rollout is several sessions (ALGORITHMS.md, "Mosaic"):
 Every session records ``meta["progress_before"/"progress_after"]`` (``env.progress``) for
 Mosaic's marginal gains and, for subagents, ``meta["goal"]`` and ``meta["success"]``. Limits:
 forks and sessions per rollout. All live sessions of all episodes are batched per step.
+
+Extension points for subclasses (docs/extending.md, examples/subclasses.py): `should_compact`
+(when to compact), `compaction_prompt` and `subagent_prompt` (how a session opens),
+`expert_text` (when the expert opens sessions), and `parse_action` and `system_text` from
+`ReActAgent`.
 """
 
 from __future__ import annotations
@@ -99,11 +104,26 @@ class MultiSessionAgent(ReActAgent):
         self.forking, self.max_forks, self.max_sessions = forking, max_forks, max_sessions
         self.subagent_steps = subagent_steps
 
-    # ------------------------------------------------------------------ text (override)
+    # ------------------------------------------------------------------ extension points
+    def should_compact(self, tokens: int) -> bool:
+        """Whether the main line asks for a summary now (with ``compaction`` on; the ``compact``
+        action asks too). Default: when the next turn (``max_new_tokens``) would take the
+        session past ``context_budget``. Override for another trigger (a share of the budget,
+        a number of turns).
+
+        Args:
+            tokens: the session's tokens so far, the prompt of its next turn (the latest
+                observation) included.
+        """
+        return tokens + self.max_new_tokens > self.context_budget
+
     def compaction_prompt(self, task_text: str, summary: str) -> str:
+        """The first prompt of a ``compaction`` session: the task, then the summary."""
         return f"{task_text}\n\nSummary of earlier work:\n{summary}"
 
     def subagent_prompt(self, task_text: str, goal: str, observation: str) -> str:
+        """The first prompt of a ``subagent`` session: the task, its goal, the parent's latest
+        observation."""
         return f"{task_text}\n\nYou are a subagent. Your goal: {goal}\n{observation}".rstrip()
 
     # ------------------------------------------------------------------ rollouts
@@ -270,8 +290,8 @@ class MultiSessionAgent(ReActAgent):
         """Append ``observation``; on the main line, if the context would pass the budget, ask
         for the summary with it instead."""
         self._next(policy, line, observation)
-        budget = line.session.num_tokens + len(line.pending) + self.max_new_tokens
-        if self.compaction and line.parent is None and budget > self.context_budget:
+        tokens = line.session.num_tokens + len(line.pending)
+        if self.compaction and line.parent is None and self.should_compact(tokens):
             line.summarizing = True
             self._next(policy, line, f"{observation}\n{SUMMARY_REQUEST}")
 

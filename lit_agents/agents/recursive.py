@@ -15,6 +15,10 @@ further ``launch_subagent`` calls with an error the code can catch.
 Every node is one session of the rollout (``main`` at the root, ``subagent`` below) with
 ``parent`` and ``depth``; ``meta`` holds its goal, its own verified success (``success``), steps
 and answer. With ``recursive=False`` there is no ``launch_subagent``: the linear baseline.
+
+Extension points for subclasses (docs/extending.md, examples/subclasses.py): `system_text`,
+`node_prompt` (what a node is told), `extract_code` (the code in a completion) and `expert_code`
+(the demonstrations' code).
 """
 
 from __future__ import annotations
@@ -113,8 +117,10 @@ class RecursiveAgent(Agent):
         self.repl_timeout_s, self.repl_memory_mb = repl_timeout_s, repl_memory_mb
         self.system_prompt, self.show_progress = system_prompt, show_progress
 
-    # ------------------------------------------------------------------ text (override)
+    # ------------------------------------------------------------------ extension points
     def system_text(self, env: TextEnv) -> str:
+        """The system message of every node: ``system_prompt``, else the env's function
+        instructions (plus the subagent tool when ``recursive``)."""
         if self.system_prompt is not None:
             return self.system_prompt
         return getattr(env, "function_instructions", env.instructions) + (" " + LAUNCH_DOC if self.recursive else "")
@@ -124,6 +130,12 @@ class RecursiveAgent(Agent):
         """The code of a completion: its fenced block(s) if any, else the whole text."""
         blocks = _FENCE.findall(completion)
         return "\n".join(blocks) if blocks else completion
+
+    def node_prompt(self, env: TextEnv, state: Any, depth: int) -> str:
+        """The first user message of a node (the root at depth 0, a subagent below), in live
+        trees and demonstrations alike. Default: ``env.intro(state)`` (the node's goal and what
+        it has). Override to tell a node more (its depth, its limits, its parent's goal)."""
+        return env.intro(state)
 
     # ------------------------------------------------------------------ rollouts
     def run(
@@ -222,7 +234,7 @@ class RecursiveAgent(Agent):
         session = Session(len(trees[tree]), kind, None if parent is None else parent.session.session_id, depth,
                           meta={"goal": goal, "success": False})
         node = _Node(tree, goal, state, depth, session, repl, functions, parent, call_id)
-        node.pending_text = env.intro(state)
+        node.pending_text = self.node_prompt(env, state, depth)
         node.pending = policy.chat.start(self.system_text(env), node.pending_text)
         trees[tree].append(node)
         return node

@@ -19,6 +19,9 @@ critic: the heads).
 
 The planner adapter is never trained here (only the executor's parameters are optimised).
 Deviation: the executor's action log-prob is a token mean, as in Multi2's code.
+
+Extension point for subclasses (docs/extending.md, examples/subclasses.py): `actor_weights`
+(the advantage -> weight map of both phases' actor loss).
 """
 
 from __future__ import annotations
@@ -151,6 +154,29 @@ class System2ActorCritic(AgentModule):
         rows = [r for r in transition_rows(rollouts, self.role) if r.meta["met"]]
         self.buffer = rows[-self.hparams.buffer_capacity :]
 
+    # ------------------------------------------------------------------ extension point
+    def actor_weights(self, advantages: Tensor, episodes: Tensor) -> Tensor:
+        """How much the actor imitates each executor action: the actor loss is
+        ``-mean(weights * logp)``. Override for another advantage-weighted regression (a binary
+        filter, another temperature, a rank transform).
+
+        Default: offline Multi2's policy-anchored weights ``lam * relu(A) + min(exp(beta * A),
+        weight_clip)``, normalized to mean 1 over the batch; online AWAC weights
+        ``exp(A / alpha)``, normalized to mean 1 per episode, capped at ``weight_clip``.
+
+        Args:
+            advantages: ``[N]`` detached, one per action of the batch: ``Q - V`` offline,
+                ``Q_target - `` its episode's mean ``Q_target`` online.
+            episodes: ``[N]`` the batch row (one executor subgoal episode) of each action.
+
+        Returns:
+            ``[N]`` detached weights (``train/weight_max`` logs their largest).
+        """
+        hp = self.hparams
+        if self.phase == "offline":
+            return policy_anchored_weights(advantages, hp.lam, hp.beta, hp.weight_clip)
+        return awac_weights(advantages, hp.alpha, hp.weight_clip, episodes)
+
     # ------------------------------------------------------------------ training
     def _transitions(self, batch: dict[str, Any]) -> dict[str, Tensor]:
         """Per action: features h, next features, rewards, dones, episode ids, mean log-probs."""
@@ -226,12 +252,11 @@ class System2ActorCritic(AgentModule):
             v_loss = expectile_loss(q_target - v, hp.kappa)
             critic_loss = q_loss + v_loss
             adv = (q - v).detach()
-            weights = policy_anchored_weights(adv, hp.lam, hp.beta, hp.weight_clip)
             stats["v_loss"] = v_loss.detach()
         else:
             critic_loss = q_loss
             adv = q_target - group_stats(q_target, t["episodes"]).mean.to(q_target.dtype)
-            weights = awac_weights(adv, hp.alpha, hp.weight_clip, t["episodes"])
+        weights = self.actor_weights(adv, t["episodes"])
         actor_loss = -(weights * t["logp"]).mean()
         if "ref_logprobs" in batch and self.phase == "online":
             mask = batch["action_mask"]

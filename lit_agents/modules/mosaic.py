@@ -13,6 +13,10 @@ get ``A_ik = A~_i + beta * G_ik``:
 
 Broadcasting, the paper's baseline, is this module with both terms off. Loss, KL and the rest as
 `GRPOPolicy` (PPO-clip by default).
+
+Extension points for subclasses (docs/extending.md, examples/subclasses.py): `session_advantages`
+(the whole session credit), ``gain_fn`` (a callable named in YAML), and `rollout_rewards` and
+`policy_loss` from `GRPOPolicy`.
 """
 
 from __future__ import annotations

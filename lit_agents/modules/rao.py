@@ -12,6 +12,9 @@ of each session is the node's own verified success. Per node X of tree i:
 
 CISPO by default, no KL by default. The linear baseline is the same module on rollouts of
 ``RecursiveAgent(recursive=False)``.
+
+Extension points for subclasses (docs/extending.md, examples/subclasses.py): `node_rewards`
+(``R(X)``), `node_advantages` (the whole node credit), and `policy_loss` from `GRPOPolicy`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from lit_agents.algorithms.advantages import (
     depth_weights,
@@ -49,21 +53,35 @@ class RAOPolicy(GRPOPolicy):
         super().__init__(policy, loss=loss, **kwargs)
         self.lam, self.propagate_root, self.depth_weighting = lam, propagate_root, depth_weighting
 
+    def node_rewards(self, rollouts: list[Rollout]) -> Tensor:
+        """The reward ``R(X)`` of every node, the rollouts' sessions one after the other.
+        ``[sum of the rollouts' session counts]``. Default: the node's own verified success
+        (``session.meta["success"]``) plus ``lam`` times its children's mean
+        (`advantages.rao_node_rewards`; the root's success everywhere with ``propagate_root``).
+        Override to shape it (a cost per turn, a bonus for a verified intermediate result): the
+        leave-one-out baseline reads the roots' rewards from it."""
+        success, parent, offset = [], [], 0
+        for r in rollouts:
+            for s in r.sessions:
+                success.append(float(s.meta.get("success", False)))
+                parent.append(-1 if s.parent is None else offset + s.parent)
+            offset += len(r.sessions)
+        return rao_node_rewards(torch.tensor(success), torch.tensor(parent), self.lam, self.propagate_root)
+
     def node_advantages(self, rollouts: list[Rollout]) -> list[list[float]]:
-        """One advantage per session (node) of each tree (override for your own node credit)."""
+        """One advantage per session (node) of each tree: `node_rewards` minus the group's
+        leave-one-out root baseline, times the depth weights (override for your own node credit)."""
         if not rollouts:
             return []
-        success, parent, depth, tree, roots = [], [], [], [], []
+        depth, tree, roots = [], [], []
         offset = 0
         for i, r in enumerate(rollouts):
             roots.append(offset)
             for s in r.sessions:
-                success.append(float(s.meta.get("success", False)))
-                parent.append(-1 if s.parent is None else offset + s.parent)
                 depth.append(s.depth)
                 tree.append(i)
             offset += len(r.sessions)
-        rewards = rao_node_rewards(torch.tensor(success), torch.tensor(parent), self.lam, self.propagate_root)
+        rewards = self.node_rewards(rollouts)
         root_rewards = rewards[torch.tensor(roots)]
         baseline = loo_baseline(root_rewards, torch.tensor([r.group_id for r in rollouts]))
         adv = rewards - baseline[torch.tensor(tree)]
