@@ -281,7 +281,7 @@ class DepthAwareAgent(RecursiveAgent):
     """Every node is told its depth and whether it may still delegate: overrides
     `RecursiveAgent.node_prompt`.
 
-    Why: a node cannot see where it is in the tree, and a ``launch_subagent`` below
+    Why: a node cannot see where it is in the tree, and a ``launch_subagent`` past
     ``max_depth`` is refused only once the code has run: a wasted turn, and a node that meant
     to delegate has to start over. Told its depth, a node at the limit crafts by itself.
     Demonstrations get the same prompts (`expert_rollout` grows its trees through the same

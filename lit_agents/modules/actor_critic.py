@@ -166,7 +166,7 @@ class System2ActorCritic(AgentModule):
 
         Args:
             advantages: ``[N]`` detached, one per action of the batch: ``Q - V`` offline,
-                ``Q_target - `` its episode's mean ``Q_target`` online.
+                ``Q_target`` minus its episode's mean ``Q_target`` online.
             episodes: ``[N]`` the batch row (one executor subgoal episode) of each action.
 
         Returns:
