@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -37,6 +38,11 @@ from lit_agents.data.demos import expert_episodes, read_episodes, write_episodes
 from lit_agents.envs.base import Split, Task, TextEnv
 from lit_agents.strategies import full_parameters
 from lit_agents.types import Rollout
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
+
+    from lit_agents.policy import AgentPolicy
 
 #: a batch a rank plays when it has fewer batches than another rank (DDP steps in lock-step)
 PAD_STEP: list = []
@@ -151,20 +157,24 @@ class AgentDataModule(LightningDataModule):
         random.Random(self.seed).shuffle(tasks)
         return tasks if self.val_tasks is None else tasks[: self.val_tasks]
 
-    def play(self, tasks: list[Task], group_size: int, *, greedy: bool, seed: int, group_offset: int = 0) -> list[Rollout]:
-        """Roll out the current policy (eval mode, no grad) on ``tasks``."""
-        module = self.trainer.lightning_module
-        policy = module.policy
+    def play(self, tasks: list[Task], group_size: int, *, greedy: bool, seed: int, group_offset: int = 0,
+             policy: AgentPolicy | None = None, trainer: Trainer | None = None) -> list[Rollout]:
+        """Roll out a policy (eval mode, no grad) on ``tasks``, seeded by this module's ``seed``
+        and ``seed``: by default the training module's policy under this module's trainer;
+        ``lit-agents eval`` passes its own policy and a trainer that is not fitting."""
+        trainer = trainer or self.trainer
+        module = trainer.lightning_module
+        policy = policy or module.policy
         was_training = policy.training
         policy.eval()
         try:
             # rollouts run under the trainer's precision (bf16-mixed: autocast), as training does,
             # with whole parameters where the strategy shards them
-            with torch.no_grad(), self.trainer.precision_plugin.forward_context(), full_parameters(self.trainer):
+            with torch.no_grad(), trainer.precision_plugin.forward_context(), full_parameters(trainer):
                 rollouts = self.agent.run(
                     policy, self.env, tasks, group_size, greedy=greedy,
                     seed=self.seed * 1_000_003 + seed, group_offset=group_offset,
-                    policy_version=module.global_step,
+                    policy_version=module.global_step if module is not None else 0,
                 )
         finally:
             policy.train(was_training)

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
 from lit_agents.cli import AgentsCLI
@@ -162,19 +161,18 @@ def held_out(cli: AgentsCLI, split: Split, tasks: int | None, seed: int) -> list
 
 
 def play(cli: AgentsCLI, tasks: list[Task], seed: int, greedy: bool = True) -> list[Rollout]:
-    """One rollout per task with the module's policy (eval mode, no grad) on the trainer's device
-    and precision, ``val_chunk`` tasks at a time, seeded as validation seeds them."""
+    """One rollout per task with the module's policy on the trainer's device and precision,
+    ``val_chunk`` tasks at a time, seeded as validation seeds them (`AgentDataModule.play`)."""
     dm, policy, trainer = cli.datamodule, cli.model.policy, cli.trainer
-    was_training = policy.training
-    policy.to(trainer.strategy.root_device).eval()
+    policy.to(trainer.strategy.root_device)
+    saved, dm.seed = dm.seed, seed
     rollouts: list[Rollout] = []
     try:
-        with torch.no_grad(), trainer.precision_plugin.forward_context():
-            for start in range(0, len(tasks), dm.val_chunk):
-                rollouts += dm.agent.run(policy, dm.env, tasks[start : start + dm.val_chunk], 1, greedy=greedy,
-                                         seed=seed * 1_000_003 + start, group_offset=start)
+        for start in range(0, len(tasks), dm.val_chunk):
+            rollouts += dm.play(tasks[start : start + dm.val_chunk], 1, greedy=greedy, seed=start,
+                                group_offset=start, policy=policy, trainer=trainer)
     finally:
-        policy.train(was_training)
+        dm.seed = saved
     return rollouts
 
 
