@@ -15,10 +15,15 @@ def full_parameters(trainer: Any) -> contextlib.AbstractContextManager:
 
     Under FSDP this is ``summon_full_params`` (a collective: every rank must enter it); rollouts
     run inside it because ranks generate for different numbers of steps, and adapter saving
-    because peft must see whole tensors. Other strategies keep whole parameters: a no-op.
+    because peft must see whole tensors. Other strategies keep whole parameters: a no-op, as is
+    an FSDP strategy whose model is not sharded (yet): ``lit-agents eval`` plays with a trainer
+    that never fits.
     """
-    if not isinstance(getattr(trainer, "strategy", None), FSDPStrategy):  # subclasses included
+    strategy = getattr(trainer, "strategy", None)
+    if not isinstance(strategy, FSDPStrategy) or strategy.model is None:  # subclasses included
         return contextlib.nullcontext()
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    return FullyShardedDataParallel.summon_full_params(trainer.strategy.model, writeback=False)
+    if not FullyShardedDataParallel.fsdp_modules(strategy.model):
+        return contextlib.nullcontext()
+    return FullyShardedDataParallel.summon_full_params(strategy.model, writeback=False)

@@ -140,3 +140,21 @@ def test_strategy_overlays_parse(overlay, capsys):
     assert exit_.value.code == 0
     printed = capsys.readouterr().out
     assert "strategy:" in printed and "AtomicCheckpointIO" in printed and "save_last: true" in printed
+
+
+def test_full_parameters_is_a_no_op_where_nothing_is_sharded():
+    """``lit-agents eval`` plays under an FSDP config with a trainer that never fits: the
+    strategy holds no model, or one without FSDP modules, so there is nothing to gather."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+
+    from lit_agents.strategies import full_parameters
+
+    fsdp = FSDPStrategy()
+    assert isinstance(full_parameters(SimpleNamespace(strategy=fsdp)), contextlib.nullcontext)
+    fsdp.model = torch.nn.Linear(2, 2)
+    assert isinstance(full_parameters(SimpleNamespace(strategy=fsdp)), contextlib.nullcontext)
+    assert isinstance(full_parameters(SimpleNamespace(strategy=DDPStrategy())), contextlib.nullcontext)
+    assert isinstance(full_parameters(None), contextlib.nullcontext)

@@ -159,12 +159,12 @@ class AgentDataModule(LightningDataModule):
 
     def play(self, tasks: list[Task], group_size: int, *, greedy: bool, seed: int, group_offset: int = 0,
              policy: AgentPolicy | None = None, trainer: Trainer | None = None) -> list[Rollout]:
-        """Roll out a policy (eval mode, no grad) on ``tasks``, seeded by this module's ``seed``
-        and ``seed``: by default the training module's policy under this module's trainer;
+        """Roll out a policy (eval mode, no grad) on ``tasks``, seeded from this module's ``seed``
+        offset by ``seed``: by default the training module's policy under this module's trainer;
         ``lit-agents eval`` passes its own policy and a trainer that is not fitting."""
-        trainer = trainer or self.trainer
+        trainer = self.trainer if trainer is None else trainer
         module = trainer.lightning_module
-        policy = policy or module.policy
+        policy = module.policy if policy is None else policy
         was_training = policy.training
         policy.eval()
         try:
