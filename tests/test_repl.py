@@ -99,6 +99,27 @@ def test_a_crash_restarts_the_worker_and_says_so():
         assert "NameError" in r.run("print(x)").observation()  # a fresh namespace
 
 
+@pytest.mark.parametrize("spawn", ["zygote", "exec"])
+def test_a_limit_breach_names_the_signal_and_either_start_works(spawn):
+    """The exit code of a worker that died by itself reaches the driver, whether the worker was
+    forked from the zygote or started as a fresh interpreter."""
+    with PythonREPL(timeout_s=30.0, cpu_s=1, spawn=spawn) as r:
+        assert r.run("x = 6 * 7\nprint(x)").observation() == "42"
+        result = r.run("while True:\n    pass")
+        assert result.restarted and "killed by SIG" in result.observation(), result.observation()  # SIGKILL: soft = hard
+        assert r.run("print('alive')").observation() == "alive"
+
+
+def test_workers_are_forked_from_one_zygote_per_trainer_process():
+    from lit_agents.envs import repl as module
+
+    with PythonREPL() as a, PythonREPL() as b:
+        zygote = module._zygote.proc.pid
+        assert a.run("import os\nprint(os.getppid())").observation() == str(zygote)
+        assert b.run("import os\nprint(os.getppid())").observation() == str(zygote)
+        assert a.pid != b.pid
+
+
 def test_close_removes_the_work_directory():
     r = PythonREPL()
     r.run("open('f.txt', 'w').write('hi')")
@@ -129,15 +150,20 @@ def test_a_worker_ends_when_its_trainer_dies_mid_tool_call():
         "import os\nfrom lit_agents.envs.repl import PythonREPL\n"
         "r = PythonREPL(async_tools=['launch_subagent'])\n"
         "r.submit(\"print(await launch_subagent('child'))\")\nr.poll()\n"
-        "print(r._proc.pid, flush=True)\nos._exit(1)  # as if killed: nothing closed\n"
+        "from lit_agents.envs import repl\n"
+        "print(r.pid, repl._zygote.proc.pid, flush=True)\nos._exit(1)  # as if killed: nothing closed\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    pid = int(out.stdout.split()[-1])
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().split(")")[-1].split()[0] == "Z":  # exited, not yet reaped
-                break
-        time.sleep(0.1)
-    gone = not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z"
-    assert gone, "the orphaned REPL worker is still running"
+
+    def running(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited, not yet reaped
+        except FileNotFoundError:
+            return False
+
+    for pid, what in zip(map(int, out.stdout.split()[-2:]), ("REPL worker", "REPL zygote")):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and running(pid):
+            time.sleep(0.1)
+        assert not running(pid), f"the orphaned {what} is still running"

@@ -28,7 +28,7 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from lit_agents.agents.base import Agent, written_call
 from lit_agents.envs.base import Task, TextEnv
@@ -90,6 +90,8 @@ class RecursiveAgent(Agent):
             ``context``). None: unlimited.
         repl_timeout_s: wall-clock limit of one code block (time waiting for tools excluded).
         repl_memory_mb: address-space limit of each node's REPL process.
+        repl_spawn: how a node's REPL process starts: ``"zygote"`` (forked from a warm process,
+            milliseconds) or ``"exec"`` (a fresh interpreter, about 10x slower).
         system_prompt: the system message; ``None`` = the env's function instructions (+ the
             subagent tool), ``""`` = none.
         show_progress: a progress bar over decode steps.
@@ -108,13 +110,14 @@ class RecursiveAgent(Agent):
         max_context_tokens: int | None = None,
         repl_timeout_s: float = 10.0,
         repl_memory_mb: int = 1024,
+        repl_spawn: Literal["zygote", "exec"] = "zygote",
         system_prompt: str | None = None,
         show_progress: bool = False,
     ) -> None:
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.max_depth, self.max_steps, self.max_nodes = max_depth, max_steps, max_nodes
         self.recursive, self.look_first, self.max_context_tokens = recursive, look_first, max_context_tokens
-        self.repl_timeout_s, self.repl_memory_mb = repl_timeout_s, repl_memory_mb
+        self.repl_timeout_s, self.repl_memory_mb, self.repl_spawn = repl_timeout_s, repl_memory_mb, repl_spawn
         self.system_prompt, self.show_progress = system_prompt, show_progress
 
     # ------------------------------------------------------------------ extension points
@@ -229,7 +232,7 @@ class RecursiveAgent(Agent):
         functions = env.functions(state)
         async_tools = ["launch_subagent"] if self.recursive else []
         repl = PythonREPL(tools=list(functions), async_tools=async_tools, timeout_s=self.repl_timeout_s,
-                          memory_mb=self.repl_memory_mb)
+                          memory_mb=self.repl_memory_mb, spawn=self.repl_spawn)
         kind = "main" if parent is None else "subagent"
         session = Session(len(trees[tree]), kind, None if parent is None else parent.session.session_id, depth,
                           meta={"goal": goal, "success": False})

@@ -16,6 +16,14 @@ once the awaitable calls started in one event-loop turn have all been sent, ``{"
 "output", "error", "truncated"}`` when an execution ends. Tool functions are stubs that send a
 call and wait for its result; ``async`` tools (``launch_subagent``) return awaitables, so code can
 run several at once with ``asyncio.gather`` (top-level ``await`` is allowed).
+
+Started as ``python -I -S -u _repl_worker.py --zygote <fd>`` instead, it is a zygote: it loads
+this module once, applies nothing, and forks one worker per request that arrives on the Unix
+socket ``fd`` (``{"op": "spawn", "workdir", "limits"}`` with the worker's command and protocol
+pipes attached as file descriptors; answered ``{"pid"}``), or ends one (``{"op": "end", "pid"}``:
+killed, reaped, answered ``{"status"}``, the exit code, negative for a signal). A forked worker
+then sets itself up exactly as a started one does, in a few milliseconds instead of an
+interpreter start. The zygote exits when the socket closes (its trainer ended).
 """
 
 import ast
@@ -29,11 +37,7 @@ import sys
 import threading
 import traceback
 
-WORKDIR = os.path.realpath(sys.argv[1])
-LIMITS = json.loads(sys.argv[2])
-PROTOCOL, COMMANDS = sys.stdout, sys.stdin
-sys.stdout = sys.stderr = io.StringIO()  # nothing but the protocol reaches the real stdout
-sys.stdin = io.StringIO()  # the code cannot read (or close) the command pipe
+WORKDIR, LIMITS, PROTOCOL, COMMANDS = "", {}, None, None  # set by `_serve`
 _send_lock = threading.Lock()
 
 
@@ -50,18 +54,6 @@ def _limit(kind, value):
     except (ValueError, OSError):
         pass
 
-
-_limit(resource.RLIMIT_CPU, int(LIMITS["cpu_s"]))
-_limit(resource.RLIMIT_AS, int(LIMITS["memory_mb"]) * 1024 * 1024)
-_limit(resource.RLIMIT_FSIZE, int(LIMITS["file_mb"]) * 1024 * 1024)
-_limit(resource.RLIMIT_CORE, 0)
-_limit(resource.RLIMIT_NOFILE, 64)
-try:
-    os.setsid()
-except OSError:
-    pass
-os.chdir(WORKDIR)
-sys.setrecursionlimit(min(sys.getrecursionlimit(), 2000))
 
 _READ_ROOTS = tuple({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)})
 _BLOCKED_EVENTS = (
@@ -193,16 +185,6 @@ class _CappedOutput(io.TextIOBase):
         return "".join(self.parts)
 
 
-_builtins = dict(vars(__builtins__)) if isinstance(__builtins__, type(sys)) else dict(__builtins__)
-for _name in ("exit", "quit", "breakpoint", "help", "input"):
-    _builtins.pop(_name, None)
-namespace = {"__name__": "__repl__", "__builtins__": _builtins, "asyncio": asyncio, "ToolError": ToolError}
-for tool in LIMITS["tools"]:
-    namespace[tool] = _sync_tool(tool)
-for tool in LIMITS["async_tools"]:
-    namespace[tool] = _async_tool(tool)
-
-
 def _execute(code):
     out = _CappedOutput(int(LIMITS["max_output_chars"]))
     sys.stdout = sys.stderr = out
@@ -236,14 +218,103 @@ def _reader(jobs):
     os._exit(0)
 
 
-LOOP = asyncio.new_event_loop()  # made before the hook: a loop needs a socket pair
-asyncio.set_event_loop(LOOP)
-sys.addaudithook(_audit)
-jobs, jobs_ready = [], threading.Event()
-threading.Thread(target=_reader, args=(jobs,), daemon=True).start()
-_send({"op": "ready"})
-while True:
-    jobs_ready.wait()
-    jobs_ready.clear()
-    while jobs:
-        _execute(jobs.pop(0))
+def _serve(workdir, limits, commands, protocol):
+    """Become a sandboxed worker: limits, namespace, audit hook, then execute until the command
+    pipe closes."""
+    global WORKDIR, LIMITS, PROTOCOL, COMMANDS, LOOP, namespace, jobs_ready
+    WORKDIR, LIMITS, PROTOCOL, COMMANDS = os.path.realpath(workdir), limits, protocol, commands
+    sys.stdout = sys.stderr = io.StringIO()  # nothing but the protocol reaches the real stdout
+    sys.stdin = io.StringIO()  # the code cannot read (or close) the command pipe
+    _limit(resource.RLIMIT_CPU, int(LIMITS["cpu_s"]))
+    _limit(resource.RLIMIT_AS, int(LIMITS["memory_mb"]) * 1024 * 1024)
+    _limit(resource.RLIMIT_FSIZE, int(LIMITS["file_mb"]) * 1024 * 1024)
+    _limit(resource.RLIMIT_CORE, 0)
+    _limit(resource.RLIMIT_NOFILE, 64)
+    try:
+        os.setsid()
+    except OSError:
+        pass
+    os.chdir(WORKDIR)
+    sys.setrecursionlimit(min(sys.getrecursionlimit(), 2000))
+
+    builtins = dict(vars(__builtins__)) if isinstance(__builtins__, type(sys)) else dict(__builtins__)
+    for name in ("exit", "quit", "breakpoint", "help", "input"):
+        builtins.pop(name, None)
+    namespace = {"__name__": "__repl__", "__builtins__": builtins, "asyncio": asyncio, "ToolError": ToolError}
+    for tool in LIMITS["tools"]:
+        namespace[tool] = _sync_tool(tool)
+    for tool in LIMITS["async_tools"]:
+        namespace[tool] = _async_tool(tool)
+
+    LOOP = asyncio.new_event_loop()  # made before the hook: a loop needs a socket pair
+    asyncio.set_event_loop(LOOP)
+    sys.addaudithook(_audit)
+    jobs, jobs_ready = [], threading.Event()
+    threading.Thread(target=_reader, args=(jobs,), daemon=True).start()
+    _send({"op": "ready"})
+    while True:
+        jobs_ready.wait()
+        jobs_ready.clear()
+        while jobs:
+            _execute(jobs.pop(0))
+
+
+def _end(pid):
+    """Kill a forked worker (its session: it is the leader once set up) and reap it."""
+    import signal
+
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    except ChildProcessError:
+        return None
+
+
+def _zygote(fd):
+    """Fork workers on request (see the module docstring) until the control socket closes."""
+    import socket
+
+    control = socket.socket(fileno=fd)
+    buffer, fds = b"", []
+    while True:
+        data, received, _, _ = socket.recv_fds(control, 1 << 16, 2)
+        if not data:  # the trainer is gone; its workers end when their command pipes close
+            os._exit(0)
+        buffer, fds = buffer + data, fds + received
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            request = json.loads(line)
+            if request["op"] == "end":
+                reply = {"status": _end(request["pid"])}
+            else:
+                (commands, protocol), fds = fds[:2], fds[2:]
+                pid = os.fork()
+                if pid == 0:  # the worker: nothing of the zygote's is left open
+                    try:
+                        control.close()
+                        os.dup2(commands, 0)
+                        os.dup2(protocol, 1)
+                        os.closerange(3, 1 << 16)
+                        if "random" in sys.modules:
+                            sys.modules["random"].seed()
+                        _serve(request["workdir"], request["limits"], open(0, encoding="utf-8"),  # noqa: SIM115
+                               open(1, "w", encoding="utf-8"))  # noqa: SIM115
+                    finally:
+                        os._exit(1)
+                os.close(commands)
+                os.close(protocol)
+                reply = {"pid": pid}
+            control.sendall((json.dumps(reply) + "\n").encode())
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--zygote":
+        _zygote(int(sys.argv[2]))
+    else:
+        _serve(sys.argv[1], json.loads(sys.argv[2]), sys.stdin, sys.stdout)

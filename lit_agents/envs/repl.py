@@ -21,6 +21,13 @@ Known limits: Python-level containment plus rlimits, not a kernel sandbox (no se
 namespaces): run untrusted models on machines you can afford to lose. As root, rlimits that only
 apply to unprivileged users (process counts) do not hold; the audit hook refuses fork and spawn
 instead.
+
+Workers are forked from a zygote (``spawn="zygote"``, the default): one warm process per trainer
+process, started on first use with the worker's modules loaded and nothing applied, forks a
+worker per REPL, which then sets its own sandbox up as a freshly started one would. A REPL then
+starts in milliseconds instead of an interpreter start (``benchmarks/repl_start.py``), which
+dominates expert trees and shallow rollouts, where every node is a new REPL. ``spawn="exec"``
+starts a fresh interpreter per REPL.
 """
 
 from __future__ import annotations
@@ -30,16 +37,89 @@ import os
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 WORKER = Path(__file__).with_name("_repl_worker.py")
+_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+_INTERPRETER = [sys.executable, "-I", "-S", "-u", str(WORKER)]  # isolated, no site: the stdlib only
+
+
+class _Zygote:
+    """The warm process that forks this trainer process's REPL workers (see the worker's docstring)."""
+
+    def __init__(self) -> None:
+        self.owner, self.lock = os.getpid(), threading.Lock()
+        ours, theirs = socket.socketpair()
+        self.proc = subprocess.Popen(
+            [*_INTERPRETER, "--zygote", str(theirs.fileno())], pass_fds=(theirs.fileno(),), env=_ENV, cwd="/",
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        theirs.close()
+        ours.settimeout(30.0)
+        self.sock, self.replies = ours, ours.makefile("rb")
+
+    def alive(self) -> bool:
+        return self.owner == os.getpid() and self.proc.poll() is None
+
+    def request(self, message: dict[str, Any], fds: tuple[int, ...] = ()) -> dict[str, Any]:
+        with self.lock:
+            data = (json.dumps(message) + "\n").encode()
+            if fds:
+                socket.send_fds(self.sock, [data], list(fds))
+            else:
+                self.sock.sendall(data)
+            line = self.replies.readline()
+        if not line:
+            raise OSError("the REPL zygote exited")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.replies.close()
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+_zygote: _Zygote | None = None
+_zygote_lock = threading.Lock()
+
+
+def _spawn(workdir: str, limits: dict[str, Any], fds: tuple[int, int]) -> int:
+    """Fork a worker from this process's zygote (started, or restarted, as needed): its pid."""
+    global _zygote
+    with _zygote_lock:
+        for attempt in range(2):
+            if _zygote is None or not _zygote.alive():
+                _zygote = _Zygote()
+            try:
+                return int(_zygote.request({"op": "spawn", "workdir": workdir, "limits": limits}, fds)["pid"])
+            except (OSError, ValueError, KeyError):
+                if attempt:
+                    raise
+                _zygote = None
+    raise AssertionError("unreachable")
+
+
+def _end(pid: int) -> int | None:
+    """Kill and reap a forked worker: its exit code (negative: the signal), None if unknown."""
+    zygote = _zygote
+    if zygote is None or not zygote.alive():
+        return None  # the zygote died and took the reaping of its workers with it
+    try:
+        return zygote.request({"op": "end", "pid": pid})["status"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 @dataclass
@@ -86,6 +166,8 @@ class PythonREPL:
         max_output_chars: output kept per execution.
         workdir: the work directory (default: a fresh temporary directory, removed on close).
         grace_s: how long `poll` waits for more awaitable calls before handing them over.
+        spawn: ``"zygote"`` forks the worker from a warm process (fast); ``"exec"`` starts a fresh
+            interpreter.
     """
 
     def __init__(
@@ -99,13 +181,20 @@ class PythonREPL:
         max_output_chars: int = 4000,
         workdir: str | None = None,
         grace_s: float = 0.05,
+        spawn: Literal["zygote", "exec"] = "zygote",
     ) -> None:
-        self.timeout_s, self.grace_s = timeout_s, grace_s
+        if spawn not in ("zygote", "exec"):
+            raise ValueError(f"spawn must be 'zygote' or 'exec', not {spawn!r}")
+        self.timeout_s, self.grace_s, self.spawn = timeout_s, grace_s, spawn
         self.limits = {"tools": list(tools), "async_tools": list(async_tools), "cpu_s": cpu_s,
                        "memory_mb": memory_mb, "file_mb": file_mb, "max_output_chars": max_output_chars}
         self._own_dir = workdir is None
         self.workdir = tempfile.mkdtemp(prefix="lit_agents_repl_") if workdir is None else workdir
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen | None = None  # spawn="exec"
+        self.pid: int | None = None
+        self._commands: Any = None  # our ends of the worker's pipes
+        self._protocol: int | None = None
+        self._eof = False
         self._buffer = b""
         self._deadline = 0.0
         self._paused_at: float | None = None
@@ -115,39 +204,63 @@ class PythonREPL:
 
     # ------------------------------------------------------------------ process
     def _start(self) -> None:
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
-        self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-u", str(WORKER), self.workdir, json.dumps(self.limits)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-            cwd=self.workdir, start_new_session=True, close_fds=True,
-        )
-        self._buffer = b""
+        self._buffer, self._eof = b"", False
+        if self.spawn == "exec":
+            self._proc = subprocess.Popen(
+                [*_INTERPRETER, self.workdir, json.dumps(self.limits)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, env=_ENV, cwd=self.workdir, start_new_session=True, close_fds=True,
+            )
+            self.pid, self._commands, self._protocol = self._proc.pid, self._proc.stdin, self._proc.stdout.fileno()
+        else:
+            commands_r, commands_w = os.pipe()
+            protocol_r, protocol_w = os.pipe()
+            try:
+                self.pid = _spawn(self.workdir, self.limits, (commands_r, protocol_w))
+            except Exception:
+                for fd in (commands_r, commands_w, protocol_r, protocol_w):
+                    os.close(fd)
+                raise RuntimeError("the REPL zygote could not fork a worker") from None
+            os.close(commands_r)
+            os.close(protocol_w)
+            self._commands, self._protocol = os.fdopen(commands_w, "wb"), protocol_r
         ready = self._read(time.monotonic() + 30.0)
         if ready is None or ready.get("op") != "ready":
             self._kill()
             raise RuntimeError("the REPL worker did not start")
 
-    def _kill(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.kill()
-            proc.wait(timeout=5)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                pipe.close()
+    def _kill(self) -> int | None:
+        """End the worker: its exit code (negative: the signal that ended it), if known."""
+        pid, proc, self.pid, self._proc = self.pid, self._proc, None, None
+        if pid is None:
+            return None
+        code = None
+        if proc is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                proc.kill()
+                code = proc.wait(timeout=5)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        else:
+            code = _end(pid)
+        for pipe in (self._commands, proc.stdout if proc is not None else self._protocol):
+            try:
+                if isinstance(pipe, int):
+                    os.close(pipe)
+                elif pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass
+        self._commands = self._protocol = None
+        return code
 
     def _read(self, deadline: float) -> dict[str, Any] | None:
         """The next protocol message, or None on timeout or a dead worker."""
-        assert self._proc is not None and self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
+        assert self._protocol is not None
+        fd = self._protocol
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
             while b"\n" not in self._buffer:
@@ -156,6 +269,7 @@ class PythonREPL:
                     return None
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
+                    self._eof = True  # the worker is gone
                     return None
                 self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
@@ -166,9 +280,9 @@ class PythonREPL:
 
     def _write(self, message: dict[str, Any]) -> bool:
         try:
-            assert self._proc is not None and self._proc.stdin is not None
-            self._proc.stdin.write((json.dumps(message) + "\n").encode())
-            self._proc.stdin.flush()
+            assert self._commands is not None
+            self._commands.write((json.dumps(message) + "\n").encode())
+            self._commands.flush()
             return True
         except (BrokenPipeError, OSError, AssertionError):
             return False
@@ -176,7 +290,7 @@ class PythonREPL:
     # ------------------------------------------------------------------ driving
     def submit(self, code: str) -> None:
         """Start executing ``code`` (then `poll`)."""
-        if self._proc is None:
+        if self.pid is None:
             self._start()
         self._pending, self._calls, self._paused_at = {}, [], None
         self._deadline = time.monotonic() + self.timeout_s
@@ -197,8 +311,7 @@ class PythonREPL:
             until = self._deadline if not self._pending else min(self._deadline, time.monotonic() + self.grace_s)
             message = self._read(until)
             if message is None:
-                alive = self._proc is not None and self._proc.poll() is None
-                if self._pending and alive and time.monotonic() < self._deadline:
+                if self._pending and not self._eof and time.monotonic() < self._deadline:
                     self._paused_at = time.monotonic()
                     return list(self._pending.values())
                 return self._broken()
@@ -225,12 +338,11 @@ class PythonREPL:
 
     def _broken(self) -> ReplResult:
         """Timeout or a dead worker (CPU or memory limit, a crash): kill, restart, report."""
-        timed_out = time.monotonic() >= self._deadline and self._proc is not None and self._proc.poll() is None
-        code = None if self._proc is None else self._proc.poll()
-        self._kill()
+        died, timed_out = self._eof, time.monotonic() >= self._deadline and not self._eof
+        code = self._kill()  # a worker that died by itself keeps the code it died with
         if timed_out:
             why = f"TimeoutError: the code ran past {self.timeout_s:g} s"
-        elif code is not None and code < 0:
+        elif died and code is not None and code < 0:
             why = f"the REPL process was killed by {signal.Signals(-code).name} (a CPU, memory or crash limit)"
         else:
             why = "the REPL process died"
