@@ -82,13 +82,6 @@ class _Zygote:
             raise OSError("the REPL zygote exited")
         return json.loads(line)
 
-    def close(self) -> None:
-        self.replies.close()
-        self.sock.close()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 _zygote: _Zygote | None = None
@@ -192,8 +185,8 @@ class PythonREPL:
         self.workdir = tempfile.mkdtemp(prefix="lit_agents_repl_") if workdir is None else workdir
         self._proc: subprocess.Popen | None = None  # spawn="exec"
         self.pid: int | None = None
-        self._commands: Any = None  # our ends of the worker's pipes
-        self._protocol: int | None = None
+        self._commands: Any = None  # our ends of the worker's pipes (binary files)
+        self._protocol: Any = None
         self._eof = False
         self._buffer = b""
         self._deadline = 0.0
@@ -210,7 +203,7 @@ class PythonREPL:
                 [*_INTERPRETER, self.workdir, json.dumps(self.limits)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, env=_ENV, cwd=self.workdir, start_new_session=True, close_fds=True,
             )
-            self.pid, self._commands, self._protocol = self._proc.pid, self._proc.stdin, self._proc.stdout.fileno()
+            self.pid, self._commands, self._protocol = self._proc.pid, self._proc.stdin, self._proc.stdout
         else:
             commands_r, commands_w = os.pipe()
             protocol_r, protocol_w = os.pipe()
@@ -222,7 +215,7 @@ class PythonREPL:
                 raise RuntimeError("the REPL zygote could not fork a worker") from None
             os.close(commands_r)
             os.close(protocol_w)
-            self._commands, self._protocol = os.fdopen(commands_w, "wb"), protocol_r
+            self._commands, self._protocol = os.fdopen(commands_w, "wb"), os.fdopen(protocol_r, "rb", buffering=0)
         ready = self._read(time.monotonic() + 30.0)
         if ready is None or ready.get("op") != "ready":
             self._kill()
@@ -246,11 +239,9 @@ class PythonREPL:
                 pass
         else:
             code = _end(pid)
-        for pipe in (self._commands, proc.stdout if proc is not None else self._protocol):
+        for pipe in (self._commands, self._protocol):
             try:
-                if isinstance(pipe, int):
-                    os.close(pipe)
-                elif pipe is not None:
+                if pipe is not None:
                     pipe.close()
             except OSError:
                 pass
@@ -260,7 +251,7 @@ class PythonREPL:
     def _read(self, deadline: float) -> dict[str, Any] | None:
         """The next protocol message, or None on timeout or a dead worker."""
         assert self._protocol is not None
-        fd = self._protocol
+        fd = self._protocol.fileno()
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
             while b"\n" not in self._buffer:
