@@ -362,23 +362,27 @@ DECODE_ATTENTION = "lit_decode_sdpa"
 def decode_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
                      attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                      **kwargs: Any) -> tuple[Tensor, None]:
-    """Attention of static decode steps (registered as ``lit_decode_sdpa``): transformers' sdpa,
-    except that one query token per row with grouped KV heads attends with its queries packed as
-    ``[b, kv_heads, groups, d]`` against the cache as it is, never a ``repeat_kv`` copy of it, also
-    under ``torch.compile`` (transformers packs only outside compilation: compiled, a step copied
-    the whole KV cache once per layer; packing made the compiled step 1.4-1.8x faster on an H200).
-    The decode mask ``[b, 1, 1, capacity]`` is shared by all heads and broadcasts."""
+    """Attention of the engine's model calls (registered as ``lit_decode_sdpa``): transformers'
+    sdpa, except that with grouped KV heads and a mask shared by all heads the ``n`` query tokens
+    of a row attend with their queries packed as ``[b, kv_heads, groups * n, d]`` against the
+    cache as it is, never a ``repeat_kv`` copy of it. transformers packs only single-token queries
+    outside ``torch.compile``: compiled, a decode step copied the whole KV cache once per layer
+    (packing made the compiled step 1.4-1.8x faster on an H200), and every prefill of a turn
+    copied the batch's cache (7% of a 5-turn CPU rollout)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
-    shared_mask = attention_mask is None or attention_mask.shape[1] == 1
-    if query.shape[2] != 1 or groups == 1 or not shared_mask or kwargs.get("position_bias") is not None:
+    n = query.shape[2]
+    shared_mask = attention_mask.shape[1] == 1 if attention_mask is not None else n == 1
+    if groups == 1 or not shared_mask or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     b, heads, _, dim = query.shape
+    if n > 1:  # query rows ordered (group, position) within each KV head: the mask repeats per group
+        attention_mask = attention_mask.repeat(1, 1, groups, 1)
     out = torch.nn.functional.scaled_dot_product_attention(
-        query.reshape(b, heads // groups, groups, dim), key, value, attn_mask=attention_mask, scale=scaling)
-    return out.reshape(b, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+        query.reshape(b, heads // groups, groups * n, dim), key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(b, heads, n, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(DECODE_ATTENTION, decode_attention)
@@ -387,7 +391,7 @@ AttentionMaskInterface.register(DECODE_ATTENTION, AttentionMaskInterface._global
 
 @contextlib.contextmanager
 def _decode_attention(model: torch.nn.Module) -> Iterator[None]:
-    """Models on sdpa attention use `decode_attention` inside the block."""
+    """Models on sdpa attention use `decode_attention` inside the block (`GenerationEngine.generate`)."""
     config = getattr(model.get_base_model() if hasattr(model, "get_base_model") else model, "config", None)
     if config is None or config._attn_implementation != "sdpa":
         yield
@@ -446,8 +450,7 @@ class _StaticStep:
         engine, temperature, top_p = self.engine, self.params.temperature, self.params.top_p
 
         def step() -> tuple[Tensor, Tensor]:
-            with _decode_attention(engine.model):
-                logits = engine._forward_fn(engine, self.cache, self.ids, self.mask, self.pos)
+            logits = engine._forward_fn(engine, self.cache, self.ids, self.mask, self.pos)
             return sample_from_logits(logits, temperature, top_p, self.uniform if temperature > 0 else None)
 
         if not self.graphs:
@@ -597,7 +600,7 @@ class GenerationEngine:
             raise ValueError(f"{len(contexts)} contexts but {len(new_ids)} new_ids")
         if not contexts:
             return []
-        with _uncompiled_modules(self.model):
+        with _uncompiled_modules(self.model), _decode_attention(self.model):
             return self._generate(contexts, new_ids, params, generator)
 
     def _generate(

@@ -401,13 +401,18 @@ def test_decode_mode_errors() -> None:
         GenerationEngine(model, pad_token_id=PAD, check_every=0)
 
 
-def test_decode_attention_packs_grouped_heads_like_repeat_kv() -> None:
-    """One query token per row: queries packed per KV head give sdpa over repeated KV heads."""
+@pytest.mark.parametrize("n", [1, 4])
+def test_decode_attention_packs_grouped_heads_like_repeat_kv(n) -> None:
+    """``n`` query tokens per row under a mask shared by all heads (decode: 1; a turn's prefill:
+    several, causal over the new tokens): queries packed per KV head give sdpa over repeated KV
+    heads."""
     b, kv, groups, d, cap = 3, 2, 3, 8, 10
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(b, n, length, d, generator=gen) for n, length in ((kv * groups, 1), (kv, cap), (kv, cap)))
-    mask = torch.zeros(b, 1, 1, cap)
+    q, k, v = (torch.randn(b, h, length, d, generator=gen) for h, length in ((kv * groups, n), (kv, cap), (kv, cap)))
+    mask = torch.zeros(b, 1, n, cap)
     mask[0, ..., 7:] = mask[2, ..., :4] = torch.finfo(torch.float32).min
+    causal = torch.ones(n, n, dtype=torch.bool).triu(1)  # the last n columns are the new tokens
+    mask[..., cap - n :] = mask[..., cap - n :].masked_fill(causal, torch.finfo(torch.float32).min)
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal = groups, True
     out, _ = decode_attention(module, q, k, v, mask, scaling=d**-0.5)
@@ -416,9 +421,10 @@ def test_decode_attention_packs_grouped_heads_like_repeat_kv() -> None:
     torch.testing.assert_close(out, ref.transpose(1, 2))
 
 
-def test_static_decode_runs_grouped_heads_through_decode_attention(monkeypatch) -> None:
-    """Static decode steps of an sdpa model use `decode_attention` (its packed branch), and the
-    model is left on plain sdpa afterwards."""
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
+def test_engine_runs_grouped_heads_through_decode_attention(monkeypatch, decode) -> None:
+    """Every model call of the engine on an sdpa model (prefills of new and continued sessions,
+    decode steps) uses `decode_attention`, and the model is left on plain sdpa afterwards."""
     calls = []
 
     def counted(module, query, *args, **kwargs):
@@ -427,10 +433,13 @@ def test_static_decode_runs_grouped_heads_through_decode_attention(monkeypatch) 
 
     monkeypatch.setitem(AttentionInterface._global_mapping, DECODE_ATTENTION, counted)
     model = make_model("qwen2", "sdpa")
-    engine = GenerationEngine(model, pad_token_id=PAD, decode="static")
-    engine.generate([None] * 2, [[1, 2, 3], [4, 5]], SamplingParams(temperature=1.0, max_new_tokens=5),
-                    torch.Generator().manual_seed(0))
-    assert calls and set(calls) == {1}  # decode steps only; prefill stays on sdpa
+    engine = GenerationEngine(model, pad_token_id=PAD, decode=decode)
+    params, gen = SamplingParams(temperature=1.0, max_new_tokens=5), torch.Generator().manual_seed(0)
+    out = engine.generate([None] * 2, [[1, 2, 3], [4, 5]], params, gen)
+    engine.generate([c.context for c in out], [[6, 7], [8]], params, gen)
+    layers = model.config.num_hidden_layers
+    assert calls.count(3) == 2 * layers  # the two prefills ([pending, 6, 7] is the longest chunk)
+    assert calls.count(1) == 2 * 4 * layers  # 4 decode steps a call
     assert model.config._attn_implementation == "sdpa"
 
 
