@@ -9,17 +9,24 @@ small random Qwen2 on CPU, one after the other, and report generated tokens per 
 
     python benchmarks/rollout.py                 # 8 groups x 8 sessions, 5 turns
     python benchmarks/rollout.py --groups 2 --turns 3 --threads 1
+    python benchmarks/rollout.py --model smollm2-135m --groups 4 --threads 1   # a real model
+
+``--model`` takes anything `lit_agents.models.load_pretrained` does (a short name, a local
+checkpoint folder or GGUF file, a hub id already in the local cache); token ids are then drawn
+from its vocabulary, so the completions are random text, but the shapes are real.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from lit_agents.generation import GenerationEngine, KVContext, SamplingParams
+from lit_agents.models import load_pretrained
 
 PAD = 0
 
@@ -105,34 +112,47 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--max-new", type=int, default=32)
+    parser.add_argument("--model", default=None, help="a pretrained model instead of the random Qwen2")
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="both sides under bf16 autocast, as rollouts run under precision=bf16-mixed")
     parser.add_argument("--compact", type=float, nargs="+", default=[0.25], help="engine compact_fraction(s)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = make_model(args.vocab, args.hidden, args.layers)
+    if args.model:
+        model = load_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa")[0].eval()
+        args.vocab = model.config.vocab_size
+        c = model.config
+        shape = (f"{args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, "
+                 f"hidden {c.hidden_size} x {c.num_hidden_layers} layers, {c.num_attention_heads} heads, "
+                 f"{c.num_key_value_heads} KV heads)")
+    else:
+        model = make_model(args.vocab, args.hidden, args.layers)
+        shape = f"Qwen2 hidden {args.hidden} x {args.layers} layers"
     prompts, observations = make_workload(args)
     # ~3% of the vocabulary stops: completions end at varied lengths, many at max_new
     stop_ids = tuple(range(1, args.vocab, 32))
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new, stop_token_ids=stop_ids)
-    run_engine(model, prompts[:2], observations[:1], params, 0.25)  # warm-up
     print(f"{len(prompts)} sessions ({args.groups} groups x {args.group_size}), {args.turns} turns, "
-          f"<= {args.max_new} new tokens, Qwen2 hidden {args.hidden} x {args.layers} layers, "
-          f"vocab {args.vocab}, {torch.get_num_threads()} threads")
-    best = 0.0
-    for fraction in args.compact:
-        tokens, seconds = run_engine(model, prompts, observations, params, fraction)
-        best = max(best, tokens / seconds)
-        print(f"engine (compact_fraction={fraction}): {rate(tokens, seconds)}")
-    tokens, seconds = run_engine(model, prompts, observations, params, args.compact[0], share_prefill=False)
-    print(f"engine without shared group prefill: {rate(tokens, seconds)}")
-    tokens, seconds = run_hf_reencode(model, prompts, observations, params)
-    print(f"HF generate, re-encoding history: {rate(tokens, seconds)}")
+          f"<= {args.max_new} new tokens, {shape}, vocab {args.vocab}, {torch.get_num_threads()} threads"
+          + (", bf16 autocast" if args.bf16 else ""))
+    device = next(model.parameters()).device.type
+    with torch.autocast(device, torch.bfloat16) if args.bf16 else contextlib.nullcontext():
+        run_engine(model, prompts[:2], observations[:1], params, 0.25)  # warm-up
+        best = 0.0
+        for fraction in args.compact:
+            tokens, seconds = run_engine(model, prompts, observations, params, fraction)
+            best = max(best, tokens / seconds)
+            print(f"engine (compact_fraction={fraction}): {rate(tokens, seconds)}")
+        tokens, seconds = run_engine(model, prompts, observations, params, args.compact[0], share_prefill=False)
+        print(f"engine without shared group prefill: {rate(tokens, seconds)}")
+        tokens, seconds = run_hf_reencode(model, prompts, observations, params)
+        print(f"HF generate, re-encoding history: {rate(tokens, seconds)}")
     print(f"speed-up: {best / (tokens / seconds):.2f}x")
-
 
 if __name__ == "__main__":
     main()
