@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
@@ -24,13 +25,23 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lit_agents.checkpointing import find_last_checkpoint
 from lit_agents.modules.base import AgentModule
 
+# the pipelines (quickstart, multi2, eval) build their stages with AgentsCLI(args=[...]) while
+# sys.argv holds their own command line: not the mistake Lightning's warning is about
+warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+
+DESCRIPTION = """Train LLM agents with Lightning: Lightning's subcommands below, with a config
+(`lit-agents fit -c configs/quickstart.yaml`). Also: `lit-agents quickstart` (SFT then RL on
+TextCraft, with a table), `multi2` (Multi2's stages and baselines), `demos` (expert episodes to
+JSONL), `eval` (held-out success of a model or adapter), `view` (rollouts as an HTML page); each
+takes --help."""
+
 
 class AgentsCLI(LightningCLI):
     """LightningCLI with the library's defaults (TensorBoard under ``runs/``, dataloaders
     reloaded every epoch so rollouts are fresh, no sanity validation)."""
 
     def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("parser_kwargs", {"parser_mode": "omegaconf"})
+        kwargs.setdefault("parser_kwargs", {"parser_mode": "omegaconf", "description": DESCRIPTION})
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
@@ -95,11 +106,11 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] and argv[0] in COMMANDS:
-        importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] and args[0] in COMMANDS:
+        importlib.import_module(COMMANDS[args[0]]).main(args[1:])
         return
-    AgentsCLI(args=argv)
+    AgentsCLI(args=argv)  # None: Lightning reads sys.argv itself
 
 if __name__ == "__main__":
     main()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,3 +74,21 @@ def test_unknown_key_is_an_error(capsys):
     with pytest.raises(SystemExit):
         main(["fit", "-c", str(CONFIGS[0]), "--model.init_args.no_such_key=1", "--print_config"])
     assert "no_such_key" in capsys.readouterr().err
+
+
+def test_help_names_the_library_commands(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert all(command in out for command in ("fit", "quickstart", "multi2", "demos", "eval", "view"))
+
+
+def test_the_entry_point_prints_no_lightning_args_warning():
+    """Lightning's warning against passing both sys.argv and ``args`` does not reach users: the
+    pipelines pass their stages' arguments while sys.argv holds their own command line."""
+    out = subprocess.run([sys.executable, "-c", "from lit_agents.cli import main; main(['fit', '-c', "
+                          f"'{CONFIGS[0]}', '--print_config'])", "fit", "-c", str(CONFIGS[0])],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "args parameter" not in out.stderr
