@@ -201,9 +201,12 @@ def policy(qwen2) -> AgentPolicy:
 
 def guess_number_args(qwen2: Path, *more: str) -> list[str]:
     """examples/guess_number.yaml on the small local model (the YAML's `model: tiny` builds the
-    embedded default: ~8 s more), with every group kept so each run takes a step."""
-    return ["-c", str(EXAMPLES / "guess_number.yaml"), f"--model.init_args.policy.init_args.model={qwen2}", *more,
-            "--model.init_args.drop_zero_signal=false"]
+    embedded default: ~8 s more) with a LoRA adapter, as on a pretrained model, with every group
+    kept so each run takes a step."""
+    # a class flag first: jsonargparse would drop the nested values given before it
+    return ["-c", str(EXAMPLES / "guess_number.yaml"), *more, f"--model.init_args.policy.init_args.model={qwen2}",
+            "--model.init_args.policy.init_args.finetune=lora", "--model.init_args.policy.init_args.lora_r=16",
+            "--model.init_args.policy.init_args.lora_targets=all-linear", "--model.init_args.drop_zero_signal=false"]
 
 
 def spy(owner, name: str, monkeypatch) -> list:
