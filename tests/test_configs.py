@@ -92,3 +92,23 @@ def test_the_entry_point_prints_no_lightning_args_warning():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "args parameter" not in out.stderr
+
+
+def test_pipelines_find_the_configs_outside_a_clone(tmp_path, monkeypatch):
+    """`lit-agents quickstart` and `multi2` run from any directory: ./configs when there is one,
+    else the installed configs (here: the clone's, as `pip install -e` installs it)."""
+    from lit_agents.pipelines import default_config_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert default_config_dir() == ROOT and default_config_dir("multi2") == ROOT / "multi2"
+    (tmp_path / "configs" / "multi2").mkdir(parents=True)
+    assert default_config_dir("multi2") == Path("configs/multi2")  # your own copy wins
+
+
+def test_the_wheel_packages_every_config_folder():
+    import tomllib
+
+    setup = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {f"lit_agents.configs.{p.name}" for p in ROOT.iterdir() if p.is_dir()}
+    assert folders <= set(setup["packages"]) and "lit_agents.configs" in setup["packages"]
+    assert setup["package-dir"]["lit_agents.configs"] == "configs" and "*.yaml" in setup["package-data"]["*"]

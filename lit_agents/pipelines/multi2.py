@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lit_agents.pipelines import default_config_dir
 from lit_agents.pipelines.evaluate import evaluate_split, summarize
 from lit_agents.pipelines.quickstart import _cli
 
@@ -151,7 +152,8 @@ def table(results: dict[str, Any], split: str = "test") -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="lit-agents multi2", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config-dir", type=Path, default=Path("configs/multi2"))
+    parser.add_argument("--config-dir", type=Path, default=None,
+                        help="where the stages' YAMLs are (default: ./configs/multi2, else the installed ones)")
     parser.add_argument("--out", type=Path, default=Path("runs/multi2"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="[STAGE:]KEY=VALUE",
@@ -160,6 +162,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--skip-baselines", action="store_true", help="only the hierarchy's stages")
     parser.add_argument("--stages", help="comma-separated stages to fit, on what an earlier run left in --out")
     args = parser.parse_args(argv)
+    args.config_dir = args.config_dir or default_config_dir("multi2")
     only = tuple(args.stages.split(",")) if args.stages else None
     results = run(args.config_dir, args.out, args.seed, args.set, baselines=not args.skip_baselines,
                   short=args.short, only=only)

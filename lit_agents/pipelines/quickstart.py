@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_agents.cli import AgentsCLI
+from lit_agents.pipelines import default_config_dir
 
 
 def _cli(config: Path, out: Path, name: str, seed: int, overrides: list[str]) -> AgentsCLI:
@@ -132,12 +133,14 @@ def run(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str]) -
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="lit-agents quickstart", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config-dir", type=Path, default=Path("configs"))
+    parser.add_argument("--config-dir", type=Path, default=None,
+                        help="where the stages' YAMLs are (default: ./configs, else the installed ones)")
     parser.add_argument("--out", type=Path, default=Path("runs/quickstart"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sft", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for stage 1")
     parser.add_argument("--rl", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for stage 2")
     args = parser.parse_args(argv)
+    args.config_dir = args.config_dir or default_config_dir()
     results = run(args.config_dir, args.out, args.seed, args.sft, args.rl)
     sys.stdout.write("\n" + _table(results) + "\n")
     return results
