@@ -126,7 +126,8 @@ def resolve_model(name_or_path: str | os.PathLike) -> ModelSource:
     Raises:
         ModelNotInstalledError: a known name whose package is not installed (the message gives
             the pip command).
-        FileNotFoundError: a path-looking string (``./x``, ``/x``, ``~/x``, ``x.gguf``) that does not exist.
+        FileNotFoundError: a path-looking string (``./x``, ``/x``, ``~/x``, ``x.gguf``, ``a/b/c``) that
+            does not exist.
         ValueError: anything else: an unknown short name (the message lists the known ones), or
             a local path that holds no model.
     """
@@ -137,11 +138,16 @@ def resolve_model(name_or_path: str | os.PathLike) -> ModelSource:
     path = Path(name).expanduser()
     if path.exists():
         return _local_source(path)
+    hub_file = name.count("/") == 2 and name.lower().endswith(".gguf")  # org/name/file.gguf
     looks_local = name.startswith((".", "/", "~", "\\")) or os.path.isabs(name) or (
-        name.lower().endswith(".gguf") and name.count("/") != 2
-    )
+        name.lower().endswith(".gguf") and not hub_file
+    ) or (name.count("/") >= 2 and not hub_file)  # deeper than a hub id: a folder
     if looks_local:
-        raise FileNotFoundError(f"model path {name!r} does not exist")
+        where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+        raise FileNotFoundError(
+            f"model path {name!r} does not exist{where}; a config that starts from an earlier stage's "
+            "model needs that stage run first, or the path to its model"
+        )
     if _HUB_ID.match(name) and "--" not in name and ".." not in name:
         return ModelSource(name)
     parts = name.split("/")

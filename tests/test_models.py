@@ -93,6 +93,9 @@ def test_local_paths_that_are_not_models(tmp_path):
         resolve_model("./no-such-model")
     with pytest.raises(FileNotFoundError):
         resolve_model("no-such-model.gguf")
+    # deeper than org/name: an earlier stage's output that is not there yet
+    with pytest.raises(FileNotFoundError, match="relative to .*earlier stage"):
+        resolve_model("runs/rao_sft/version_0/adapters/last/model")
 
 
 def test_hub_ids_pass_through():
@@ -101,7 +104,7 @@ def test_hub_ids_pass_through():
     assert (gguf.path, gguf.gguf_file) == ("bartowski/SmolLM2-135M-Instruct-GGUF", "SmolLM2-135M-Instruct-Q8_0.gguf")
 
 
-@pytest.mark.parametrize("name", ["smolm2-135m", "gpt2", "not a model", "a/b/c"])
+@pytest.mark.parametrize("name", ["smolm2-135m", "gpt2", "not a model", "a b/c"])
 def test_unknown_names_list_the_known_ones(name):
     with pytest.raises(ValueError, match="smollm2-135m"):
         resolve_model(name)
