@@ -102,4 +102,6 @@ class SessionMetrics(Callback):
             torch.distributed.all_gather_object(parts, (len(rollouts), stats))
             stats = merge_stats(parts)
         if stats:
-            pl_module.log_dict(stats, on_step=False, on_epoch=True, batch_size=max(len(rollouts), 1))
+            # the same numbers on every rank (merged above): syncing changes nothing, and Lightning
+            # warns about epoch-level metrics that are not synced
+            pl_module.log_dict(stats, on_step=False, on_epoch=True, sync_dist=True, batch_size=max(len(rollouts), 1))

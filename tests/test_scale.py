@@ -29,10 +29,12 @@ def run_script(args: list[str], cwd: Path, timeout: float = 400) -> subprocess.C
     return subprocess.CompletedProcess(args, proc.returncode, out, "")
 
 
-@pytest.mark.parametrize("kind", ["grpo", "sft", "actor_critic"])
+@pytest.mark.parametrize("kind", ["grpo", "sft", "actor_critic", "grpo_fsdp"])
 def test_ddp_two_cpu_processes_stay_in_sync(kind, tmp_path):
     """2 ranks (gloo): each rolls out its own tasks, both end with identical trainable weights
-    after the same number of steps, even when one rank has fewer batches (pad steps)."""
+    after the same number of steps, even when one rank has fewer batches (pad steps). Under FSDP
+    (``grpo_fsdp``: Lightning's FSDPStrategy on CPU processes, FULL_SHARD) rollouts and the
+    adapter save run inside ``summon_full_params``, and the saved adapter holds whole tensors."""
     done = run_script([str(SCRIPTS / "ddp_fit.py"), str(tmp_path), kind], cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -40,12 +42,21 @@ def test_ddp_two_cpu_processes_stay_in_sync(kind, tmp_path):
     assert ranks[0]["sums"].keys() == ranks[1]["sums"].keys() and ranks[0]["sums"]
     for name, value in ranks[0]["sums"].items():
         assert ranks[1]["sums"][name] == pytest.approx(value, rel=1e-6, abs=1e-8), name
-    if kind == "grpo":
+    if kind.startswith("grpo"):
         for epoch0, epoch1 in zip(ranks[0]["tasks"], ranks[1]["tasks"]):
             assert epoch0 and epoch1 and not set(epoch0) & set(epoch1)  # distinct tasks per rank
         assert ranks[0]["pad_steps"] + ranks[1]["pad_steps"] > 0  # unequal batch counts happened
     role = "executor" if kind == "actor_critic" else "default"
     assert (tmp_path / "adapters" / "last" / role / "adapter_config.json").exists()
+    if role == "default":  # the adapter file holds the trained tensors, whole
+        from safetensors.torch import load_file
+
+        saved = load_file(tmp_path / "adapters" / "last" / role / "adapter_model.safetensors")
+        trained = {name.removeprefix("policy.model.").replace(".default.", "."): value
+                   for name, value in ranks[0]["sums"].items() if "lora_" in name}
+        assert saved.keys() == trained.keys()
+        for name, tensor in saved.items():
+            assert float(tensor.double().sum()) == pytest.approx(trained[name], rel=1e-6, abs=1e-8), name
 
 
 def _fit_args(save_dir: Path, epochs: int = 4) -> list[str]:

@@ -1,8 +1,8 @@
 """Run by tests/test_scale.py: GRPO under DDP on CPU (gloo) with the embedded default.
 
-Usage: python ddp_fit.py OUT_DIR [module]
+Usage: python ddp_fit.py OUT_DIR [module]   (module: grpo, sft, actor_critic, grpo_fsdp)
 Each rank writes OUT_DIR/rank{R}.json: the tasks it rolled out per epoch, the number of
-optimizer steps, and a checksum of every trainable tensor.
+optimizer steps, and a checksum of every trainable tensor (whole tensors, gathered under FSDP).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.strategies import FSDPStrategy
 
 from lit_agents.agents import ReActAgent
 from lit_agents.callbacks import LoRACheckpoint, SessionMetrics
@@ -22,9 +23,23 @@ from lit_agents.data import DemonstrationDataModule, RolloutDataModule
 from lit_agents.envs import TextCraft
 from lit_agents.modules import GRPOPolicy, System1SFT
 from lit_agents.policy import AgentPolicy
+from lit_agents.strategies import full_parameters
 from lit_agents.tiny import TinyConfig
 
 TINY = TinyConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+
+
+class CPUFSDPStrategy(FSDPStrategy):
+    """Lightning's FSDP on CPU processes (gloo): Lightning refuses `strategy="fsdp"` without a
+    GPU, but FSDP itself runs on CPU, and this is the only place the FSDP code paths (rollouts and
+    adapter saves under `summon_full_params`) can run without a GPU. Wrapped as Lightning wraps,
+    but on the CPU device (Lightning passes the device's index, None on CPU)."""
+
+    def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        return FullyShardedDataParallel(model, sharding_strategy=self.sharding_strategy,
+                                        device_id=torch.device("cpu"), **self.kwargs)
 
 
 class Record(Callback):
@@ -47,7 +62,7 @@ def main() -> None:
     env = TextCraft(min_depth=2, max_depth=2, distractors=2, compact=True, max_steps=3 if kind == "grpo" else 12)
     policy = AgentPolicy(tiny=TINY, lora_r=4, lora_targets="all-linear")
     strategy = os.environ.get("STRATEGY", "ddp")
-    if kind == "grpo":
+    if kind.startswith("grpo"):
         module = GRPOPolicy(policy, lr=1e-2, drop_zero_signal=False)
         # a reward-free signal so every group trains
         module.rollout_advantages = lambda rollouts: torch.linspace(-1, 1, len(rollouts))
@@ -68,6 +83,8 @@ def main() -> None:
         module = System1SFT(policy, lr=1e-2)
         data = DemonstrationDataModule(env, ReActAgent(max_new_tokens=6), demos=10, val_tasks=4,
                                        max_tokens_per_batch=300)
+    if kind == "grpo_fsdp":
+        strategy = CPUFSDPStrategy(sharding_strategy="FULL_SHARD", state_dict_type="full")
     record = Record()
     trainer = Trainer(
         max_epochs=3, accelerator="cpu", devices=2, strategy=strategy, logger=False, enable_checkpointing=False,
@@ -75,7 +92,8 @@ def main() -> None:
         num_sanity_val_steps=0, default_root_dir=str(out), callbacks=[record, SessionMetrics(), LoRACheckpoint()],
     )
     trainer.fit(module, datamodule=data)
-    sums = {n: float(p.detach().double().sum()) for n, p in module.named_parameters() if p.requires_grad}
+    with full_parameters(trainer):
+        sums = {n: float(p.detach().double().sum()) for n, p in module.named_parameters() if p.requires_grad}
     result = {"rank": trainer.global_rank, "tasks": record.tasks, "steps": trainer.global_step, "sums": sums,
               "pad_steps": record.pad_steps,
               "val_success": float(trainer.callback_metrics.get("val/success", -1))}
