@@ -7,6 +7,11 @@ LoRA), a named frozen adapter (Multi2's offline executor, ``"executor_offline"``
 copy of the whole model taken when fitting starts (``"snapshot"``, for full fine-tuning).
 The coefficient is fixed, or adaptive (Ziegler et al. 2019): multiplied by
 ``1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon`` after each step of ``n`` rows.
+
+Under FSDP the reference runs outside the training step's forward, where parameters are
+sharded: it runs inside ``summon_full_params`` (`lit_agents.strategies.full_parameters`, a
+collective, so every rank enters it, pad steps too), and the snapshot is copied from the whole
+parameters (a whole copy on every rank).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+
+from lit_agents.strategies import full_parameters
 
 
 class KLAnchor(Callback):
@@ -48,7 +55,8 @@ class KLAnchor(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         policy = pl_module.policy
         if self.reference == "snapshot":
-            self._snapshot = copy.deepcopy(policy.model).eval().requires_grad_(False)
+            with full_parameters(trainer):
+                self._snapshot = copy.deepcopy(policy.model).eval().requires_grad_(False)
         elif self.reference != "base" and self.reference not in policy.roles:
             raise ValueError(f"KLAnchor reference {self.reference!r} is not a role of the policy: {policy.roles}")
         elif self.reference == "base" and not policy.roles:
@@ -72,10 +80,12 @@ class KLAnchor(Callback):
             return policy.batch_logprobs(batch, temperature)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if not batch or batch.get("pad_step"):  # an empty step (no learning signal)
-            return
-        batch["ref_logprobs"] = self.reference_logprobs(pl_module, batch)
-        pl_module.kl_coef = self.coef
+        skip = not batch or batch.get("pad_step")  # an empty step (no learning signal)
+        with full_parameters(trainer):  # entered by every rank: a collective under FSDP
+            if not skip:
+                batch["ref_logprobs"] = self.reference_logprobs(pl_module, batch)
+        if not skip:
+            pl_module.kl_coef = self.coef
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if not self.adaptive or not batch or batch.get("pad_step"):

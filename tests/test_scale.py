@@ -29,12 +29,13 @@ def run_script(args: list[str], cwd: Path, timeout: float = 400) -> subprocess.C
     return subprocess.CompletedProcess(args, proc.returncode, out, "")
 
 
-@pytest.mark.parametrize("kind", ["grpo", "sft", "actor_critic", "grpo_fsdp"])
+@pytest.mark.parametrize("kind", ["grpo", "sft", "actor_critic", "grpo_fsdp", "grpo_full_fsdp"])
 def test_ddp_two_cpu_processes_stay_in_sync(kind, tmp_path):
     """2 ranks (gloo): each rolls out its own tasks, both end with identical trainable weights
     after the same number of steps, even when one rank has fewer batches (pad steps). Under FSDP
-    (``grpo_fsdp``: Lightning's FSDPStrategy on CPU processes, FULL_SHARD) rollouts and the
-    adapter save run inside ``summon_full_params``, and the saved adapter holds whole tensors."""
+    (Lightning's FSDPStrategy on CPU processes, FULL_SHARD; LoRA with the base as KL reference, or
+    every weight with a snapshot) rollouts, the KL reference and the save run on whole parameters,
+    and the saved adapter or model holds the trained tensors."""
     done = run_script([str(SCRIPTS / "ddp_fit.py"), str(tmp_path), kind], cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -46,6 +47,17 @@ def test_ddp_two_cpu_processes_stay_in_sync(kind, tmp_path):
         for epoch0, epoch1 in zip(ranks[0]["tasks"], ranks[1]["tasks"]):
             assert epoch0 and epoch1 and not set(epoch0) & set(epoch1)  # distinct tasks per rank
         assert ranks[0]["pad_steps"] + ranks[1]["pad_steps"] > 0  # unequal batch counts happened
+        assert ranks[0]["kl"] > 0 and ranks[1]["kl"] > 0  # KLAnchor ran (each rank's own rows)
+    if kind == "grpo_full_fsdp":  # the whole model, gathered, as a loadable checkpoint
+        from safetensors.torch import load_file
+
+        saved = load_file(next((tmp_path / "adapters" / "last" / "model").glob("*.safetensors")))
+        trained = {name.removeprefix("policy.model."): value for name, value in ranks[0]["sums"].items()}
+        for name, tensor in saved.items():
+            if name in trained:
+                assert float(tensor.double().sum()) == pytest.approx(trained[name], rel=1e-5, abs=1e-6), name
+        assert len(saved.keys() & trained.keys()) >= len(trained) - 1  # an output layer tied to the embedding
+        return
     role = "executor" if kind == "actor_critic" else "default"
     assert (tmp_path / "adapters" / "last" / role / "adapter_config.json").exists()
     if role == "default":  # the adapter file holds the trained tensors, whole

@@ -1,6 +1,6 @@
 """Run by tests/test_scale.py: GRPO under DDP on CPU (gloo) with the embedded default.
 
-Usage: python ddp_fit.py OUT_DIR [module]   (module: grpo, sft, actor_critic, grpo_fsdp)
+Usage: python ddp_fit.py OUT_DIR [module]   (module: grpo, sft, actor_critic, grpo_fsdp, grpo_full_fsdp)
 Each rank writes OUT_DIR/rank{R}.json: the tasks it rolled out per epoch, the number of
 optimizer steps, and a checksum of every trainable tensor (whole tensors, gathered under FSDP).
 """
@@ -18,7 +18,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.strategies import FSDPStrategy
 
 from lit_agents.agents import ReActAgent
-from lit_agents.callbacks import LoRACheckpoint, SessionMetrics
+from lit_agents.callbacks import KLAnchor, LoRACheckpoint, SessionMetrics
 from lit_agents.data import DemonstrationDataModule, RolloutDataModule
 from lit_agents.envs import TextCraft
 from lit_agents.modules import GRPOPolicy, System1SFT
@@ -60,7 +60,8 @@ def main() -> None:
     faulthandler.dump_traceback_later(float(os.environ.get("HANG_DUMP_S", 600)), exit=True)
     torch.set_num_threads(1)
     env = TextCraft(min_depth=2, max_depth=2, distractors=2, compact=True, max_steps=3 if kind == "grpo" else 12)
-    policy = AgentPolicy(tiny=TINY, lora_r=4, lora_targets="all-linear")
+    full = kind == "grpo_full_fsdp"  # every weight trains: the KL reference is a snapshot
+    policy = AgentPolicy(tiny=TINY, finetune="full") if full else AgentPolicy(tiny=TINY, lora_r=4, lora_targets="all-linear")
     strategy = os.environ.get("STRATEGY", "ddp")
     if kind.startswith("grpo"):
         module = GRPOPolicy(policy, lr=1e-2, drop_zero_signal=False)
@@ -83,19 +84,20 @@ def main() -> None:
         module = System1SFT(policy, lr=1e-2)
         data = DemonstrationDataModule(env, ReActAgent(max_new_tokens=6), demos=10, val_tasks=4,
                                        max_tokens_per_batch=300)
-    if kind == "grpo_fsdp":
+    if kind.endswith("_fsdp"):
         strategy = CPUFSDPStrategy(sharding_strategy="FULL_SHARD", state_dict_type="full")
     record = Record()
     trainer = Trainer(
         max_epochs=3, accelerator="cpu", devices=2, strategy=strategy, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, reload_dataloaders_every_n_epochs=1,
-        num_sanity_val_steps=0, default_root_dir=str(out), callbacks=[record, SessionMetrics(), LoRACheckpoint()],
+        num_sanity_val_steps=0, default_root_dir=str(out),
+        callbacks=[record, SessionMetrics(), LoRACheckpoint(), *([KLAnchor(coef=0.1, reference="snapshot" if full else "base")] if kind.startswith("grpo") else [])],
     )
     trainer.fit(module, datamodule=data)
     with full_parameters(trainer):
         sums = {n: float(p.detach().double().sum()) for n, p in module.named_parameters() if p.requires_grad}
     result = {"rank": trainer.global_rank, "tasks": record.tasks, "steps": trainer.global_step, "sums": sums,
-              "pad_steps": record.pad_steps,
+              "pad_steps": record.pad_steps, "kl": float(trainer.callback_metrics.get("train/kl", -1)),
               "val_success": float(trainer.callback_metrics.get("val/success", -1))}
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
 
