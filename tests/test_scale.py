@@ -181,3 +181,20 @@ def test_full_parameters_is_a_no_op_where_nothing_is_sharded():
     assert isinstance(full_parameters(SimpleNamespace(strategy=fsdp)), contextlib.nullcontext)
     assert isinstance(full_parameters(SimpleNamespace(strategy=DDPStrategy())), contextlib.nullcontext)
     assert isinstance(full_parameters(None), contextlib.nullcontext)
+
+
+def test_actor_critic_names_its_fsdp_limit(tiny_config, monkeypatch):
+    """Manual optimization under FSDP fails deep inside FSDP's backward hooks; System2ActorCritic
+    says why before the model is wrapped."""
+    from lightning.pytorch import Trainer
+
+    from lit_agents.modules import System2ActorCritic
+    from lit_agents.policy import AgentPolicy
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    from ddp_fit import CPUFSDPStrategy
+
+    module = System2ActorCritic(AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4), phase="offline")
+    module.trainer = Trainer(accelerator="cpu", devices=1, strategy=CPUFSDPStrategy(), logger=False)
+    with pytest.raises(ValueError, match="FSDP.*19685.*DDP"):
+        module.setup("fit")

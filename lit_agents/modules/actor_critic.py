@@ -130,6 +130,17 @@ class System2ActorCritic(AgentModule):
         self._rng = random.Random(0)
         self._batches = 0
 
+    def setup(self, stage: str) -> None:
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        if isinstance(self.trainer.strategy, FSDPStrategy):  # before it wraps the model
+            raise ValueError(
+                "System2ActorCritic steps two optimizers by manual optimization, which Lightning does not "
+                "support under FSDP (backward inside the sharded forward: Lightning-AI/pytorch-lightning#19685); "
+                "use DDP (configs/scale/ddp.yaml, with strategy ddp_find_unused_parameters_true)"
+            )
+        super().setup(stage)
+
     # ------------------------------------------------------------------ rows
     def demonstration_rows(self, rollouts: list[Rollout]) -> list[Row]:
         return transition_rows(rollouts, self.role)

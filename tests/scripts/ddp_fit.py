@@ -59,7 +59,7 @@ def main() -> None:
     out, kind = Path(sys.argv[1]), (sys.argv[2] if len(sys.argv) > 2 else "grpo")
     faulthandler.dump_traceback_later(float(os.environ.get("HANG_DUMP_S", 600)), exit=True)
     torch.set_num_threads(1)
-    env = TextCraft(min_depth=2, max_depth=2, distractors=2, compact=True, max_steps=3 if kind == "grpo" else 12)
+    env = TextCraft(min_depth=2, max_depth=2, distractors=2, compact=True, max_steps=3 if kind.startswith("grpo") else 12)
     full = kind == "grpo_full_fsdp"  # every weight trains: the KL reference is a snapshot
     policy = AgentPolicy(tiny=TINY, finetune="full") if full else AgentPolicy(tiny=TINY, lora_r=4, lora_targets="all-linear")
     strategy = os.environ.get("STRATEGY", "ddp")
@@ -71,7 +71,7 @@ def main() -> None:
         module.rollouts_to_rows = lambda rollouts: rows(rollouts)[: None if module.global_rank == 0 else 1]
         data = RolloutDataModule(env, ReActAgent(max_new_tokens=6), tasks_per_epoch=2, group_size=2,
                                  val_tasks=4, max_tokens_per_batch=300, seed=0)
-    elif kind == "actor_critic":  # two optimizers, manual optimization: unused-parameter detection on
+    elif kind.startswith("actor_critic"):  # two optimizers, manual optimization: unused-parameter detection on
         from lit_agents.agents import HierarchicalAgent
         from lit_agents.modules import System2ActorCritic
 
