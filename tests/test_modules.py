@@ -16,13 +16,13 @@ from lit_agents.modules import GRPOPolicy, System1SFT
 from lit_agents.policy import AgentPolicy
 
 
-def _trainer(tmp_path, epochs=1, callbacks=()):
+def _trainer(tmp_path, epochs=1, callbacks=(), checkpoints=False):
     return Trainer(
         max_epochs=epochs,
         accelerator="cpu",
         devices=1,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=checkpoints,
         enable_progress_bar=False,
         enable_model_summary=False,
         reload_dataloaders_every_n_epochs=1,
@@ -91,6 +91,47 @@ def test_grpo_step_kl_zero_at_start_and_checkpoint(tiny_config, textcraft, tmp_p
     for key in ("rollout/success", "rollout/generated_tokens_per_s", "session/turns_per_rollout", "diag/clip_frac"):
         assert key in metrics, key
     assert (tmp_path / "adapters" / "last" / "default" / "adapter_config.json").exists()
+
+
+def test_snapshot_anchor_is_the_built_policy_after_a_resume(tiny_config, textcraft, tmp_path):
+    """KLAnchor(reference="snapshot") anchors to the weights the run was built with (the base, or
+    an SFT start): resuming from a checkpoint keeps that anchor, not the resumed weights."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def run(epochs, ckpt_path=None):
+        policy = AgentPolicy(tiny=tiny_config, finetune="full")
+        module = GRPOPolicy(policy, lr=1e-2, drop_zero_signal=False)
+        module.rollout_advantages = lambda rollouts: torch.linspace(-1, 1, len(rollouts))
+        data = RolloutDataModule(textcraft, ReActAgent(max_new_tokens=8), tasks_per_epoch=2, group_size=4,
+                                 val_tasks=0)
+        anchor = KLAnchor(coef=0.1, reference="snapshot")
+        built = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+        trainer = _trainer(tmp_path, epochs, [anchor, ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)],
+                           checkpoints=True)
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+        return built, dict(anchor._snapshot.named_parameters()), policy
+
+    _, _, trained = run(1)
+    built, anchored, resumed = run(2, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    trained_weights = dict(trained.model.named_parameters())
+    assert anchored.keys() == built.keys()
+    assert all(torch.equal(anchored[n], built[n]) for n in built)  # the fresh build, not the checkpoint
+    assert any(not torch.equal(anchored[n], trained_weights[n]) for n in built)
+
+
+def test_function_hyperparameters_are_saved_by_import_path(tiny_config):
+    """Checkpoints then load with torch.load(weights_only=True), Lightning's default (a resume
+    through a plain Trainer failed on the pickled function), and the path imports back."""
+    from lit_agents.algorithms.advantages import grpo_advantages, rloo_advantages
+
+    policy = AgentPolicy(tiny=tiny_config, lora_r=4)
+    module = GRPOPolicy(policy)
+    assert module.hparams["advantage"] == "lit_agents.algorithms.advantages.grpo_advantages"
+    assert module.advantage is grpo_advantages
+    assert GRPOPolicy(policy, advantage=module.hparams["advantage"]).advantage is grpo_advantages
+    assert GRPOPolicy(policy, advantage="lit_agents.algorithms.advantages.rloo_advantages").advantage is rloo_advantages
+    with pytest.raises(ValueError, match="cannot import the function 'no_such.module.fn'"):
+        GRPOPolicy(policy, advantage="no_such.module.fn")
 
 
 class SayADigit(TextEnv):

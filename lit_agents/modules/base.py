@@ -8,12 +8,17 @@
 - ``on_train_epoch_start`` logs ``rollout/*`` for the epoch's training rollouts when the data
   module played any.
 - One AdamW over the trainable parameters with optional linear warm-up.
+- Hyperparameters that are functions (``advantage``, ``gain_fn``) are saved as their import paths,
+  so a checkpoint loads with ``torch.load(weights_only=True)`` (Lightning's default) and
+  ``load_from_checkpoint`` imports them back (`import_callable`).
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import random
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -26,6 +31,17 @@ from lit_agents.algorithms.advantages import zero_signal_fraction
 from lit_agents.algorithms.collate import Row, session_rows
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Rollout
+
+
+def import_callable(fn: Callable | str) -> Callable:
+    """``fn`` itself, or the function at a dotted import path (``"package.module.name"``)."""
+    if callable(fn):
+        return fn
+    module, _, name = fn.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ValueError(f"cannot import the function {fn!r}: {err}") from err
 
 
 class AgentModule(LightningModule):
@@ -53,6 +69,9 @@ class AgentModule(LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["policy"])
+        for key, value in list(self.hparams.items()):  # functions pickle as code references
+            if callable(value):
+                self.hparams[key] = f"{value.__module__}.{value.__qualname__}"
         self.policy = policy
         self.strict_loading = False  # checkpoints hold trainable tensors only
         self.skipped_steps = 0  # optimizer steps skipped for non-finite gradients

@@ -25,7 +25,7 @@ from torch import Tensor
 from lit_agents.algorithms.advantages import group_has_signal, grpo_advantages
 from lit_agents.algorithms.collate import Row, session_rows
 from lit_agents.algorithms.losses import LossOutput, cispo_loss, kl_loss, ppo_clip_loss
-from lit_agents.modules.base import AgentModule
+from lit_agents.modules.base import AgentModule, import_callable
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Rollout
 
@@ -37,7 +37,8 @@ class GRPOPolicy(AgentModule):
 
     Args:
         policy: the model (its active role trains).
-        advantage: outcome advantage over a batch of rollouts: ``(rewards, group_ids) -> [N]``.
+        advantage: outcome advantage over a batch of rollouts: ``(rewards, group_ids) -> [N]``, or
+            its dotted import path.
         loss: ``"ppo"`` (PPO-clip) or ``"cispo"``.
         eps_low: PPO lower clip.
         eps_high: PPO upper clip.
@@ -58,7 +59,7 @@ class GRPOPolicy(AgentModule):
     def __init__(
         self,
         policy: AgentPolicy,
-        advantage: AdvantageFn = grpo_advantages,
+        advantage: AdvantageFn | str = grpo_advantages,
         loss: Literal["ppo", "cispo"] = "ppo",
         eps_low: float = 0.2,
         eps_high: float = 0.28,
@@ -74,7 +75,7 @@ class GRPOPolicy(AgentModule):
         lr_schedule: Literal["constant", "cosine"] = "constant",
     ) -> None:
         super().__init__(policy, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, lr_schedule=lr_schedule)
-        self.advantage = advantage
+        self.advantage = import_callable(advantage)
         self._loss_fn = {
             "ppo": partial(ppo_clip_loss, eps_low=eps_low, eps_high=eps_high),
             "cispo": partial(cispo_loss, max_ratio=cispo_max_ratio),

@@ -33,6 +33,7 @@ from lit_agents.algorithms.advantages import (
     session_shaping,
 )
 from lit_agents.algorithms.collate import Row, session_rows
+from lit_agents.modules.base import import_callable
 from lit_agents.modules.grpo import GRPOPolicy
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Rollout, Session
@@ -55,7 +56,8 @@ class MosaicPolicy(GRPOPolicy):
         session_term: add the per-session shaping term.
         alpha: strength of the session-count ranking, in [0, 1).
         beta: weight of the session shaping term.
-        gain_fn: ``(rollout, session) -> marginal gain`` (default `progress_gain`).
+        gain_fn: ``(rollout, session) -> marginal gain`` (default `progress_gain`), or its dotted
+            import path.
         **kwargs: see `GRPOPolicy` (loss, clip ranges, KL estimator, lr, ...).
     """
 
@@ -66,14 +68,14 @@ class MosaicPolicy(GRPOPolicy):
         session_term: bool = True,
         alpha: float = 0.5,
         beta: float = 0.5,
-        gain_fn: GainFn = progress_gain,
+        gain_fn: GainFn | str = progress_gain,
         **kwargs: Any,
     ) -> None:
         super().__init__(policy, **kwargs)
         if not 0.0 <= alpha < 1.0:
             raise ValueError(f"alpha must be in [0, 1), got {alpha}")
         self.trajectory_term, self.session_term = trajectory_term, session_term
-        self.alpha, self.beta, self.gain_fn = alpha, beta, gain_fn
+        self.alpha, self.beta, self.gain_fn = alpha, beta, import_callable(gain_fn)
 
     def session_advantages(self, rollouts: list[Rollout]) -> list[list[float]]:
         """One advantage per session of each rollout (override for your own session credit; the
