@@ -4,14 +4,16 @@ Before each training batch it computes the reference log-probs of the batch's to
 them in ``batch["ref_logprobs"]``; the module adds ``coef * KL`` (its ``kl_estimator``) to the
 loss and logs ``train/kl``. References: the base with adapters disabled (``"base"``, free under
 LoRA), a named frozen adapter (Multi2's offline executor, ``"executor_offline"``), or a frozen
-copy of the whole model taken when fitting starts (``"snapshot"``, for full fine-tuning).
+copy of the whole model as the run's config built it (``"snapshot"``: for full fine-tuning, or
+LoRA started from an SFT adapter). The copy is taken in ``setup``, before Lightning restores a
+checkpoint, so a resumed run keeps the anchor it started with, not its resumed weights.
 The coefficient is fixed, or adaptive (Ziegler et al. 2019): multiplied by
 ``1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon`` after each step of ``n`` rows.
 
 Under FSDP the reference runs outside the training step's forward, where parameters are
 sharded: it runs inside ``summon_full_params`` (`lit_agents.strategies.full_parameters`, a
 collective, so every rank enters it, pad steps too), and the snapshot is copied from the whole
-parameters (a whole copy on every rank).
+parameters (a whole copy on every rank; taken before the strategy shards the model).
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ class KLAnchor(Callback):
 
     Args:
         coef: KL coefficient (initial value when adaptive).
-        reference: ``"base"`` (adapters disabled), ``"snapshot"`` (frozen copy at fit start) or
-            the name of a frozen adapter role.
+        reference: ``"base"`` (adapters disabled), ``"snapshot"`` (a frozen copy of the policy
+            as built, before any checkpoint is restored) or the name of a frozen adapter role.
         adaptive: adapt ``coef`` toward ``target_kl``.
         target_kl: the KL the adaptive controller aims for.
         horizon: rows over which the adaptive controller moves ``coef`` by up to 20%.
@@ -52,11 +54,15 @@ class KLAnchor(Callback):
         self.horizon = horizon
         self._snapshot: torch.nn.Module | None = None
 
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # before the checkpoint restore and the strategy's wrapping: the weights the config built
+        if stage == "fit" and self.reference == "snapshot":
+            self._snapshot = copy.deepcopy(pl_module.policy.model).eval().requires_grad_(False)
+
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         policy = pl_module.policy
         if self.reference == "snapshot":
-            with full_parameters(trainer):
-                self._snapshot = copy.deepcopy(policy.model).eval().requires_grad_(False)
+            self._snapshot.to(pl_module.device)
         elif self.reference != "base" and self.reference not in policy.roles:
             raise ValueError(f"KLAnchor reference {self.reference!r} is not a role of the policy: {policy.roles}")
         elif self.reference == "base" and not policy.roles:
