@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -183,6 +184,16 @@ def test_sampler_logprobs_match_training_logprobs(tiny_config, textcraft):
         logp = policy.token_logprobs(batch["input_ids"], batch["attention_mask"])
     mask = batch["action_mask"]
     torch.testing.assert_close(logp[mask], batch["old_logprobs"][mask], atol=2e-4, rtol=1e-4)
+
+
+def test_react_progress_bar_counts_turns_live_episodes_and_successes(tiny_config, textcraft, capsys):
+    policy = AgentPolicy(tiny=tiny_config, lora_r=4).eval()
+    with torch.no_grad():
+        ReActAgent(max_new_tokens=4, max_steps=3, show_progress=True).run(policy, textcraft,
+                                                                          textcraft.tasks("train")[:2], 2)
+    err = capsys.readouterr().err
+    assert "turns: " in err and "3turn" in err.replace(" ", "")  # three turns, then every episode ended
+    assert "live=0/4" in err and re.search(r"success=\d", err)
 
 
 def test_empty_learning_signal_keeps_fitting(tiny_config, textcraft, tmp_path):

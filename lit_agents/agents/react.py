@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities import rank_zero_warn
+from tqdm.auto import tqdm
 
 from lit_agents.agents.base import Agent, written_call
 from lit_agents.envs.base import StepResult, Task, TextEnv
@@ -51,7 +52,8 @@ class ReActAgent(Agent):
         max_steps: actions per episode; ``None`` = the env's ``max_steps``.
         max_context_tokens: an episode whose context would pass this ends (reward 0, ``meta.reason``
             = ``"context"``) instead of crashing the model.
-        show_progress: a progress bar over decode steps.
+        show_progress: progress bars over turns (live episodes, successes so far) and each
+            turn's decode steps.
         system_prompt: the system message; ``None`` = the env's ``instructions``, ``""`` = none
             (a model trained from scratch on demonstrations does not need them).
     """
@@ -113,11 +115,15 @@ class ReActAgent(Agent):
         engine, generator = self.engine(policy, seed)
         role = policy.active_role or "default"
         live = [e for e in episodes if not e.done]
+        bar = tqdm(desc="turns", unit="turn", disable=not self.show_progress)
         while live:
             completions = engine.generate([e.context for e in live], [e.pending for e in live], params, generator)
             for episode, completion in zip(live, completions):
                 self._advance(policy, env, episode, completion, role, policy_version)
             live = [e for e in live if not e.done]
+            bar.set_postfix(live=f"{len(live)}/{len(episodes)}", success=sum(e.success for e in episodes), refresh=False)
+            bar.update(1)
+        bar.close()
         return [self._finish(e) for e in episodes]
 
     def _start(self, policy: AgentPolicy, env: TextEnv, task: Task, group_id: int) -> _Episode:
