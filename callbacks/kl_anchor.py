@@ -4,16 +4,18 @@ Before each training batch it computes the reference log-probs of the batch's to
 them in ``batch["ref_logprobs"]``; the module adds ``coef * KL`` (its ``kl_estimator``) to the
 loss and logs ``train/kl``. References: the base with adapters disabled (``"base"``, free under
 LoRA), a named frozen adapter (Multi2's offline executor, ``"executor_offline"``), or a frozen
-copy of the whole model as the run's config built it (``"snapshot"``: for full fine-tuning, or
-LoRA started from an SFT adapter). The copy is taken in ``setup``, before Lightning restores a
-checkpoint, so a resumed run keeps the anchor it started with, not its resumed weights.
+copy of the policy as the run's config built it (``"snapshot"``: for full fine-tuning, or LoRA
+started from an SFT adapter). The snapshot holds only what trains (the adapter under LoRA, every
+weight under full fine-tuning), swapped into the model for the reference pass; it is taken in
+``setup``, before Lightning restores a checkpoint, so a resumed run keeps the anchor it started
+with, not its resumed weights.
 The coefficient is fixed, or adaptive (Ziegler et al. 2019): multiplied by
 ``1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon`` after each step of ``n`` rows.
 
 Under FSDP the reference runs outside the training step's forward, where parameters are
 sharded: it runs inside ``summon_full_params`` (`lit_agents.strategies.full_parameters`, a
-collective, so every rank enters it, pad steps too), and the snapshot is copied from the whole
-parameters (a whole copy on every rank; taken before the strategy shards the model).
+collective, so every rank enters it, pad steps too), and the snapshot is a whole frozen copy
+of the model on every rank (taken before the strategy shards it).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.strategies import FSDPStrategy
 
 from lit_agents.strategies import full_parameters
 
@@ -52,17 +55,26 @@ class KLAnchor(Callback):
         self.adaptive = adaptive
         self.target_kl = target_kl
         self.horizon = horizon
-        self._snapshot: torch.nn.Module | None = None
+        self._snapshot: torch.nn.Module | None = None  # under FSDP
+        self._tensors: dict[str, torch.Tensor] | None = None  # the trainable tensors, elsewhere
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # before the checkpoint restore and the strategy's wrapping: the weights the config built
-        if stage == "fit" and self.reference == "snapshot":
-            self._snapshot = copy.deepcopy(pl_module.policy.model).eval().requires_grad_(False)
+        if stage != "fit" or self.reference != "snapshot":
+            return
+        model = pl_module.policy.model
+        if isinstance(trainer.strategy, FSDPStrategy):
+            self._snapshot = copy.deepcopy(model).eval().requires_grad_(False)
+        else:  # only what trains can move away from the anchor
+            self._tensors = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         policy = pl_module.policy
-        if self.reference == "snapshot":
+        if self._snapshot is not None:
             self._snapshot.to(pl_module.device)
+        elif self._tensors is not None:  # where and in what dtype the strategy put the live weights
+            params = dict(policy.model.named_parameters())
+            self._tensors = {n: t.to(device=params[n].device, dtype=params[n].dtype) for n, t in self._tensors.items()}
         elif self.reference != "base" and self.reference not in policy.roles:
             raise ValueError(f"KLAnchor reference {self.reference!r} is not a role of the policy: {policy.roles}")
         elif self.reference == "base" and not policy.roles:
@@ -79,6 +91,16 @@ class KLAnchor(Callback):
                 return policy.batch_logprobs(batch, temperature)
             finally:
                 policy.model = live
+        if self._tensors is not None:
+            params = dict(policy.model.named_parameters())
+            live_data = {n: params[n].data for n in self._tensors}
+            try:
+                for n, t in self._tensors.items():
+                    params[n].data = t
+                return policy.batch_logprobs(batch, temperature)
+            finally:
+                for n, t in live_data.items():
+                    params[n].data = t
         if self.reference == "base":
             with policy.adapters_disabled():
                 return policy.batch_logprobs(batch, temperature)

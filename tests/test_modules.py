@@ -110,7 +110,7 @@ def test_snapshot_anchor_is_the_built_policy_after_a_resume(tiny_config, textcra
         trainer = _trainer(tmp_path, epochs, [anchor, ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)],
                            checkpoints=True)
         trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
-        return built, dict(anchor._snapshot.named_parameters()), policy
+        return built, anchor._tensors, policy
 
     _, _, trained = run(1)
     built, anchored, resumed = run(2, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
@@ -118,6 +118,39 @@ def test_snapshot_anchor_is_the_built_policy_after_a_resume(tiny_config, textcra
     assert anchored.keys() == built.keys()
     assert all(torch.equal(anchored[n], built[n]) for n in built)  # the fresh build, not the checkpoint
     assert any(not torch.equal(anchored[n], trained_weights[n]) for n in built)
+
+
+def test_snapshot_anchor_under_lora_is_the_started_adapter(tiny_config, textcraft, tmp_path):
+    """Started from a trained adapter (an SFT stage), the snapshot anchor is that policy: KL 0 at
+    the first step, where ``reference="base"`` measures the distance to the untrained base. The
+    snapshot holds the adapter's tensors only, and the live weights are back after each pass."""
+    kls = {}
+    for reference in ("snapshot", "base"):
+        torch.manual_seed(0)
+        policy = AgentPolicy(tiny=tiny_config, lora_r=4, lora_targets="all-linear", lora_dropout=0.0)
+        with torch.no_grad():  # "SFT": a non-zero adapter
+            for name, p in policy.model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0.0, 0.5)
+        module = GRPOPolicy(policy, lr=1e-2, drop_zero_signal=False)
+        module.rollout_advantages = lambda rollouts: torch.linspace(-1, 1, len(rollouts))
+        data = RolloutDataModule(textcraft, ReActAgent(max_new_tokens=8), tasks_per_epoch=2, group_size=4,
+                                 val_tasks=0)
+        seen = []
+
+        class Spy(KLAnchor):
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                seen.append(float(trainer.callback_metrics["train/kl"]))
+
+        anchor = Spy(coef=0.1, reference=reference)
+        _trainer(tmp_path, 1, [anchor]).fit(module, datamodule=data)
+        kls[reference] = seen[0]
+        if reference == "snapshot":
+            assert anchor._tensors and all("lora_" in n for n in anchor._tensors)
+            live = dict(policy.model.named_parameters())
+            assert all(live[n].data_ptr() != t.data_ptr() for n, t in anchor._tensors.items())
+    assert kls["snapshot"] == pytest.approx(0.0, abs=1e-6)
+    assert kls["base"] > 1e-3
 
 
 def test_function_hyperparameters_are_saved_by_import_path(tiny_config):
