@@ -101,6 +101,16 @@ def _completions(path: Path) -> list[str]:
     return [c.completion_text for r in rollouts for s in r.sessions for c in s.calls]
 
 
+@pytest.mark.parametrize("terminal", [True, False])
+def test_eval_shows_the_turns_bar_in_a_terminal_only(tmp_path, capsys, monkeypatch, terminal):
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
+    evaluate.main(["-c", str(CONFIGS / "quickstart_rl.yaml"), *TINY, *SHORT, "--tasks", "2",
+                   "--out", str(tmp_path / "eval")])
+    assert ("turns: " in capsys.readouterr().err) == terminal
+
+
 def test_a_saved_adapter_is_loaded_and_used(tmp_path):
     config, overrides = [CONFIGS / "quickstart_rl.yaml"], [*TINY, *SHORT]
     trained = evaluate.build(config, overrides)

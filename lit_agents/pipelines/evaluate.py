@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> Report:
     weights = args.adapter or args.model or "the config's model"
     out = args.out or default_out(args.config[-1], args.adapter or args.model, split)
     mode = "sampled" if args.sample else "greedy"
-    if sys.stderr.isatty() and hasattr(dm.agent, "show_progress"):  # turns and decode bars, interactively
+    if sys.stderr.isatty():  # the agent's progress bars (turns, decode steps), interactively
         dm.agent.show_progress = True
     count = len(held_out(cli, split, tasks, seeds[0]))
     title = (f"Success on `{split}` ({mode}; {count} tasks x {len(seeds)} seed(s)) of "
