@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from lit_agents.algorithms.losses import token_logprobs
+from lit_agents.algorithms.losses import token_logprobs, token_logprobs_and_entropy
 from lit_agents.tiny import TinyConfig, embedded_default
 
 #: Attention projections by naming convention (Llama/Qwen/Mistral, GPT-2, GPT-NeoX/Falcon).
@@ -364,29 +364,28 @@ class AgentPolicy(nn.Module):
         temperature: float = 1.0,
         position_ids: Tensor | None = None,
         mask: Tensor | None = None,
-    ) -> Tensor:
+        entropy: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """log p(token t | tokens < t) for every position, 0 at t = 0. [B, T] -> [B, T] (fp32).
 
         ``position_ids``: packed rows (see `hidden_states`). ``mask``: compute only where True
         (e.g. the action mask; 0 elsewhere), so the output layer skips prompts and observations.
+        ``entropy``: also return the entropy of each predicted distribution (``[B, T]``, detached),
+        from the same pass (`losses.token_logprobs_and_entropy`).
         """
         hidden = self.hidden_states(input_ids, attention_mask, position_ids)
         head = self.model.get_output_embeddings()
-        return token_logprobs(
-            hidden,
-            head.weight,
-            input_ids,
-            lm_head_bias=head.bias,
-            chunk_size=self.logprob_chunk_size,
-            temperature=temperature,
-            mask=mask,
-        )
+        fn = token_logprobs_and_entropy if entropy else token_logprobs
+        out = fn(hidden, head.weight, input_ids, lm_head_bias=head.bias, chunk_size=self.logprob_chunk_size,
+                 temperature=temperature, mask=mask)
+        return (out[0], out[1].detach()) if entropy else out
 
-    def batch_logprobs(self, batch: dict[str, Any], temperature: float = 1.0) -> Tensor:
+    def batch_logprobs(self, batch: dict[str, Any], temperature: float = 1.0,
+                       entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """`token_logprobs` of a collated batch (padded or packed), on its action mask only."""
         return self.token_logprobs(
             batch["input_ids"], batch["attention_mask"], temperature,
-            position_ids=batch.get("position_ids"), mask=batch["action_mask"],
+            position_ids=batch.get("position_ids"), mask=batch["action_mask"], entropy=entropy,
         )
 
     def num_parameters(self, trainable_only: bool = False) -> int:

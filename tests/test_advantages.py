@@ -8,10 +8,13 @@ import pytest
 import torch
 
 from lit_agents.algorithms.advantages import (
+    call_gains,
+    error_baseline_advantages,
     group_has_signal,
     group_stats,
     grpo_advantages,
     rloo_advantages,
+    turn_credit,
     zero_signal_fraction,
 )
 
@@ -193,3 +196,45 @@ def test_depth_weights_by_hand():
     w = depth_weights(depth, rows)
     assert torch.allclose(w, torch.tensor([1.25, 0.625, 0.625, 1.25]))
     assert (w * rows).sum().item() / rows.sum().item() == pytest.approx(1.0)
+
+
+def test_call_gains() -> None:
+    assert call_gains([0.0, 0.25, 0.25, 1.0], 3) == [0.25, 0.0, 0.75]
+    assert call_gains([0.0, 0.5], 3) == [0.5, 0.0, 0.0]  # cut short: no score after the last calls
+    assert call_gains([], 0) == []
+
+
+def test_turn_credit_by_hand() -> None:
+    # group 0: a success (gains 1/3, 1/3, 1/3) and a failure (1/3, 0, 0, 0); group 1: all alike
+    gains = [[1 / 3, 1 / 3, 1 / 3], [1 / 3, 0.0, 0.0, 0.0], [0.0, 0.0]]
+    out = turn_credit(gains, torch.tensor([0, 0, 1]))
+    # group 0's 7 turns: mean 4/21, sample std sqrt((4*(1/3-4/21)^2 + 3*(4/21)^2) / 6)
+    mean = 4 / 21
+    std = math.sqrt((4 * (1 / 3 - mean) ** 2 + 3 * mean**2) / 6)
+    up, down = (1 / 3 - mean) / (std + 1e-6), -mean / (std + 1e-6)
+    assert out[0] == pytest.approx([up] * 3) and out[1] == pytest.approx([up, down, down, down])
+    assert out[2] == [0.0, 0.0]
+    assert turn_credit([], torch.tensor([])) == []
+
+
+def test_error_baseline_by_hand() -> None:
+    # group 0: rewards 1, 0, 0, 1 (rollouts 0, 1, 2 had a failed action; 0 recovered); group 1: 1, 0
+    # (rollout 5 had one). b = mean reward of the errored rollouts (1, 0, 0, 0) = 0.25.
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1])
+    errored = torch.tensor([True, True, True, False, False, True])
+    adv = grpo_advantages(rewards, groups)
+    after = error_baseline_advantages(rewards, groups, adv, errored)
+    s0, s1 = 1 / math.sqrt(1 / 3), 1 / math.sqrt(0.5)  # 1 / sample std of each group
+    expected = [s0 * 0.75, s0 * -0.25, s0 * -0.25, s0 * 0.75, s1 * 0.75, s1 * -0.25]
+    torch.testing.assert_close(after, torch.tensor(expected), atol=1e-4, rtol=0)
+    # the failures' later turns: half the outcome penalty here (b = 0.25 vs the group's 0.5); a
+    # recovered success: credited above its outcome advantage
+    assert abs(after[1]) < abs(adv[1]) and after[0] > 0
+    # RLOO's scale G / (G - 1) is found the same way
+    rloo = rloo_advantages(rewards, groups)
+    torch.testing.assert_close(error_baseline_advantages(rewards, groups, rloo, errored)[:4],
+                               torch.tensor([4 / 3 * 0.75, 4 / 3 * -0.25, 4 / 3 * -0.25, 4 / 3 * 0.75]))
+    # a group of equal rewards has no scale: 0
+    same = torch.tensor([0.0, 0.0])
+    assert error_baseline_advantages(same, torch.tensor([0, 0]), torch.zeros(2), torch.tensor([True, False])).eq(0).all()

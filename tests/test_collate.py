@@ -13,6 +13,7 @@ from lit_agents.algorithms.collate import (
     collate_packed,
     collate_rows,
     demo_row,
+    group_steps,
     pack_rows,
     packs_by_tokens,
     segments_row,
@@ -186,3 +187,46 @@ def test_collate_packed_positions_restart_per_row() -> None:
     assert batch["attention_mask"].tolist() == [[1] * 6, [1, 1, 1, 1, 0, 0]]
     assert batch["action_mask"].tolist() == [[False, False, True, False, True, True], [False] * 3 + [True, False, False]]
     assert [(m["i"], m["pack"], m["offset"]) for m in batch["meta"]] == [(0, 0, 0), (1, 0, 3), (2, 1, 0)]
+
+
+def test_per_call_advantages_land_on_each_calls_completion() -> None:
+    rollout = Rollout("t", group_id=3, sessions=[_two_call_session()])
+    (row,) = session_rows([rollout], [[[0.5, -2.0]]])
+    # tokens: prompt 1 2 3, completion 4 5 (call 0), prompt 6, completion 7 8 9 (call 1)
+    assert row.advantages == [0.0, 0.0, 0.0, 0.5, 0.5, 0.0, -2.0, -2.0, -2.0]
+    assert rollout.sessions[0].meta["call_advantages"] == [0.5, -2.0]
+    assert rollout.sessions[0].meta["advantage"] == pytest.approx(-0.75)
+    with pytest.raises(ValueError, match="2 calls but 3 advantages"):
+        session_rows([rollout], [[[0.5, -2.0, 1.0]]])
+
+
+def _grouped(sizes: list[int], group: int) -> list[Row]:
+    rows = []
+    for n in sizes:
+        row = demo_row([1], [2] * n)
+        row.meta["group_id"] = group
+        rows.append(row)
+    return rows
+
+
+def test_group_steps_keep_groups_whole_and_balance_tokens() -> None:
+    rows = [r for g, sizes in enumerate([[3, 9], [2], [7, 1, 1], [8]]) for r in _grouped(sizes, g)]
+    # groups of 12, 2, 9 and 8 trained tokens (31): two steps cut where the tokens halve
+    steps = group_steps(rows, 2)
+    assert [[r.meta["group_id"] for r in step] for step in steps] == [[0, 0, 1], [2, 2, 2, 3]]
+    assert [len(s) for s in group_steps(rows, 1)] == [len(rows)]
+    assert len(group_steps(rows, 10)) == 4  # never more steps than groups, none empty
+    rng = random.Random(0)
+    for trial in range(300):
+        sizes = [[rng.randint(1, 30) for _ in range(rng.randint(1, 8))] for _ in range(rng.randint(1, 20))]
+        rows = [r for g, s in enumerate(sizes) for r in _grouped(s, g)]
+        m = rng.randint(1, 6)
+        steps = group_steps(rows, m, random.Random(trial))
+        assert len(steps) == min(m, len(sizes)) and all(steps)
+        where = {}
+        for k, step in enumerate(steps):
+            for row in step:
+                assert where.setdefault(row.meta["group_id"], k) == k  # a group in one step
+        assert sorted(id(r) for s in steps for r in s) == sorted(id(r) for r in rows)
+    with pytest.raises(ValueError):
+        group_steps(rows, 0)

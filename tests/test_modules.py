@@ -324,15 +324,15 @@ def test_bf16_mixed_rollouts_match_training_numerics(tiny_config, textcraft, tmp
 
 @pytest.mark.parametrize("packing", [False, True])
 def test_gradient_accumulation_is_a_token_mean_over_the_whole_step(tiny_config, textcraft, tmp_path, packing):
-    """With accumulate_grad_batches=2 the step's gradient equals that of one token-mean loss over
-    every trained token of its two (unequal) batches, not the mean of two batch means."""
+    """A step of several (unequal) micro-batches has the gradient of one token-mean loss over every
+    trained token of the step, not the mean of the batch means."""
     from lightning.pytorch import Callback
 
     policy = AgentPolicy(tiny=tiny_config, lora_r=4, lora_targets="all-linear", lora_dropout=0.0)
     module = GRPOPolicy(policy, lr=1e-3, drop_zero_signal=False)
     module.rollout_advantages = lambda rollouts: torch.linspace(-1, 1, len(rollouts))
     data = RolloutDataModule(textcraft, ReActAgent(max_new_tokens=8, max_steps=3), tasks_per_epoch=3, group_size=2,
-                             val_tasks=0, max_tokens_per_batch=250, packing=packing)
+                             val_tasks=0, max_tokens_per_batch=250, packing=packing, mini_batches=1)
     seen, checked = [], []
     original = module.training_step
 
@@ -362,8 +362,20 @@ def test_gradient_accumulation_is_a_token_mean_over_the_whole_step(tiny_config, 
 
     Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-            accumulate_grad_batches=2, callbacks=[Check()], default_root_dir=tmp_path).fit(module, datamodule=data)
+            callbacks=[Check()], default_root_dir=tmp_path).fit(module, datamodule=data)
     assert checked, "no optimizer step with two unequal batches"
+
+
+def test_rollout_data_refuses_a_configured_accumulation(tiny_config, textcraft, tmp_path):
+    """RolloutDataModule owns the accumulation (whole-group steps); a trainer setting that would
+    split its steps is an error that names the setting to use."""
+    module = GRPOPolicy(AgentPolicy(tiny=tiny_config, lora_r=4))
+    data = RolloutDataModule(textcraft, ReActAgent(max_new_tokens=4, max_steps=1), tasks_per_epoch=1, group_size=2,
+                             val_tasks=0)
+    trainer = Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, accumulate_grad_batches=2, default_root_dir=tmp_path)
+    with pytest.raises(ValueError, match="mini_batches"):
+        trainer.fit(module, datamodule=data)
 
 
 def test_renamed_share_of_demonstrations(tiny_config, textcraft, tmp_path):
@@ -384,3 +396,117 @@ def test_renamed_needs_an_env_that_renames(textcraft):
 
     with pytest.raises(ValueError, match="cannot"):
         DemonstrationDataModule(SearchQA(), renamed=0.5)
+
+
+def _outcome_rows(groups: int, size: int = 8) -> list:
+    """Rows as agent RL makes them: per group 2 successes (short, A > 0) and 6 failures that run
+    to the step limit (long, A < 0)."""
+    from lit_agents.algorithms.collate import Row
+
+    rows = []
+    for g in range(groups):
+        for i in range(size):
+            success = i < 2
+            n = 20 + g if success else 60 + g
+            adv = 1.5 if success else -0.5
+            rows.append(Row([1] * n, [False] + [True] * (n - 1), [-1.0] * n, [0.0] + [adv] * (n - 1),
+                            meta={"group_id": g, "rollout": g * size + i}))
+    return rows
+
+
+@pytest.mark.parametrize("mini_batches,update_epochs", [(1, 1), (2, 1), (3, 2)])
+def test_every_optimizer_step_holds_whole_groups_of_both_signs(tiny_config, textcraft, tmp_path, mini_batches,
+                                                                  update_epochs):
+    """ALGORITHMS.md, "What one optimizer step sees": an epoch whose groups hold both outcomes never
+    yields a step of one advantage sign, and no group is split across steps, however the
+    micro-batches fall (a token budget of ~3 rows here). Steps built by sorting the epoch's rows by
+    length (the old batcher) hold failures only, then successes only, and fail this."""
+    from lightning.pytorch import Callback
+
+    module = GRPOPolicy(AgentPolicy(tiny=tiny_config, lora_r=4))
+    rows = _outcome_rows(6)
+    module.rollouts_to_rows = lambda rollouts: rows
+    data = RolloutDataModule(textcraft, ReActAgent(max_new_tokens=2, max_steps=1), tasks_per_epoch=1, group_size=1,
+                             val_tasks=0, max_tokens_per_batch=200, mini_batches=mini_batches,
+                             update_epochs=update_epochs)
+    steps, current = [], []
+
+    class Record(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch.get("input_ids") is not None:
+                current.append(batch)
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            steps.append(list(current))
+            current.clear()
+
+    _trainer(tmp_path, callbacks=[Record()]).fit(module, datamodule=data)
+    for p in range(update_epochs):
+        seen = {}
+        for k, step in enumerate(steps[p * mini_batches : (p + 1) * mini_batches]):
+            assert len(step) > 1  # several micro-batches make the step
+            adv = torch.cat([b["advantages"][b["action_mask"]] for b in step])
+            assert (adv > 0).any() and (adv < 0).any(), f"step {k} holds one advantage sign"
+            for b in step:
+                for meta in b["meta"]:
+                    assert seen.setdefault(meta["group_id"], k) == k, "a group split across steps"
+                    seen.setdefault(("row", meta["rollout"]), k)
+        assert len([key for key in seen if isinstance(key, tuple)]) == len(rows)  # every row once a pass
+    assert len(steps) == mini_batches * update_epochs
+
+
+def _played(task: str, group: int, progress: list[float], success: bool):
+    from lit_agents.types import Call, Rollout, Session
+
+    calls = [Call([1, 2], [3 + k, 4], [-0.5, -0.5]) for k in range(len(progress) - 1)]
+    session = Session(calls=calls, meta={"progress": progress})
+    return Rollout(task, group, [session], reward=float(success), success=success)
+
+
+def test_turn_credit_adds_each_turns_standardized_progress_gain(tiny_config):
+    """GRPOPolicy(turn_credit=c): each turn's tokens get the outcome advantage plus c times the
+    turn's progress gain standardized over its group; a group of failures whose turns gain
+    unequally is kept (it teaches which turns helped), one whose turns all gain alike is dropped."""
+    from lit_agents.algorithms.advantages import grpo_advantages, turn_credit
+
+    module = GRPOPolicy(AgentPolicy(tiny=tiny_config, lora_r=4), turn_credit=0.5)
+    rollouts = [_played("a", 0, [0.0, 0.5, 1.0], True), _played("a", 0, [0.0, 0.5, 0.5, 0.5], False),
+                _played("b", 1, [0.0, 0.0], False), _played("b", 1, [0.0, 0.0, 0.0], False),
+                _played("c", 2, [0.0, 0.5], False), _played("c", 2, [0.0, 0.0, 0.0], False)]
+    rows = module.rollouts_to_rows(rollouts)
+    assert [r.meta["task_id"] for r in rows] == ["a", "a", "c", "c"]
+    outcome = grpo_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0])).tolist()
+    credit = turn_credit([[0.5, 0.5], [0.5, 0.0, 0.0]], torch.tensor([0, 0]))
+    for row, a, c in zip(rows[:2], outcome, credit):
+        per_turn = [x for x, m in zip(row.advantages, row.action_mask) if m][::2]  # 2 tokens a turn
+        assert per_turn == pytest.approx([a + 0.5 * x for x in c])
+    assert per_turn[0] > per_turn[1]  # the failure's progressing turn is pushed down less than its wasted ones
+    with pytest.raises(ValueError, match="turn_credit needs each session.s per-turn meta"):
+        rollouts[0].sessions[0].meta.pop("progress")
+        module.rollouts_to_rows(rollouts)
+
+
+def test_error_baseline_credits_the_turns_after_a_failed_action(tiny_config):
+    """GRPOPolicy(error_baseline=True): a turn after the session's first failed action gets the
+    error-aware advantage (`advantages.error_baseline_advantages`); the turns up to and including
+    the failed one keep the outcome advantage."""
+    from lit_agents.algorithms.advantages import error_baseline_advantages, grpo_advantages
+
+    module = GRPOPolicy(AgentPolicy(tiny=tiny_config, lora_r=4), error_baseline=True)
+    rollouts = [_played("a", 0, [0.0, 0.5, 1.0], True), _played("a", 0, [0.0, 0.5, 0.5, 0.5], False),
+                _played("a", 0, [0.0, 0.0, 0.0, 0.0], False)]
+    for r, errors in zip(rollouts, ([False, False], [False, True, False], [True, False, True])):
+        r.sessions[0].meta["errors"] = errors
+    rows = module.rollouts_to_rows(rollouts)
+    rewards, groups = torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0, 0, 0])
+    outcome = grpo_advantages(rewards, groups)
+    after = error_baseline_advantages(rewards, groups, outcome, torch.tensor([False, True, True])).tolist()
+    outcome = outcome.tolist()
+    turns = [[x for x, m in zip(row.advantages, row.action_mask) if m][::2] for row in rows]
+    assert turns[0] == pytest.approx([outcome[0]] * 2)
+    assert turns[1] == pytest.approx([outcome[1], outcome[1], after[1]])
+    assert turns[2] == pytest.approx([outcome[2], after[2], after[2]])
+    assert abs(after[1]) < abs(outcome[1])  # b = 0 (no errored rollout succeeded) vs the group's 1/3
+    rollouts[1].sessions[0].meta.pop("errors")
+    with pytest.raises(ValueError, match="error_baseline needs"):
+        module.rollouts_to_rows(rollouts)

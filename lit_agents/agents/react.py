@@ -3,7 +3,10 @@
 Each episode is one `main` session: the first prompt is the env's instructions plus its first
 observation; every turn the policy writes one action (a completion closed by the chat format's end
 token), the env answers with an observation, and only the new tokens are prefilled next turn
-(the engine keeps each session's KV cache). Subclass it for a custom action format: override
+(the engine keeps each session's KV cache). The session's ``meta["progress"]`` holds the env's
+progress score at the start and after every action (1 once solved), ``meta["errors"]`` whether
+each action failed (the env's ``info["error"]``): per-turn credit (`GRPOPolicy`'s ``turn_credit``
+and ``error_baseline``) reads them. Subclass it for a custom action format: override
 `parse_action` (completion text -> env action), `format_action` (env action -> the completion a
 demonstration writes) and `system_text` (the system message that explains the format);
 `observation_text` changes what the model sees (examples/subclasses.py, docs/extending.md).
@@ -137,7 +140,9 @@ class ReActAgent(Agent):
         system = self.system_text(env)
         budget = self.context_limit(policy, self.max_context_tokens) - self.max_new_tokens
         prompt = self.fit_prompt(policy.chat.start(system, observation), budget)
-        return _Episode(task, group_id, state, prompt, observation)
+        episode = _Episode(task, group_id, state, prompt, observation)
+        episode.session.meta.update(progress=[float(env.progress(state))], errors=[])
+        return episode
 
     def _advance(self, policy, env: TextEnv, episode: _Episode, completion, role: str, version: int) -> None:
         text = policy.chat.decode_completion(completion.token_ids)
@@ -162,6 +167,8 @@ class ReActAgent(Agent):
             return
         episode.reward += result.reward
         episode.success = episode.success or result.success
+        episode.session.meta["progress"].append(1.0 if episode.success else float(env.progress(episode.state)))
+        episode.session.meta["errors"].append(bool(result.info.get("error")))
         max_steps = self.max_steps or env.max_steps
         observation = self.observation_text(result)
         episode.pending = policy.chat.next(observation)

@@ -35,6 +35,9 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "error_baseline_advantages",
+    "call_gains",
+    "turn_credit",
     "GroupStats",
     "group_stats",
     "grpo_advantages",
@@ -172,6 +175,80 @@ def group_has_signal(rewards: Tensor, group_ids: Tensor) -> Tensor:
         ``[N]`` bool, False where the element's group has all rewards equal.
     """
     return ~group_stats(rewards, group_ids).constant
+
+
+def call_gains(progress: list[float], calls: int) -> list[float]:
+    """Each call's progress gain, ``progress[k + 1] - progress[k]``, from a session's progress
+    score at its start and after each call (``calls + 1`` values); calls with no score after them
+    (an episode cut by an env error) gain 0."""
+    gains = [b - a for a, b in zip(progress, progress[1:])][:calls]
+    return gains + [0.0] * (calls - len(gains))
+
+
+def turn_credit(gains: list[list[float]], group_ids: Tensor, eps: float = 1e-6) -> list[list[float]]:
+    """Per-turn credit: every turn's progress gain standardized over all turns of its group.
+
+    ``(g - mean_group) / (std_group + eps)`` with the mean and sample std over every turn of every
+    session of the group's rollouts (0 where a group's turns all gain alike). A turn that moved the
+    task on scores above its group's average turn, a wasted or wrong one below, whatever the
+    episode's outcome.
+
+    Args:
+        gains: one list per session, one gain per turn (`call_gains`).
+        group_ids: ``[S]`` the group of each session.
+
+    Returns:
+        The standardized gains, shaped like ``gains``.
+    """
+    flat = torch.tensor([g for turns in gains for g in turns], dtype=torch.float64)
+    ids = torch.tensor([int(group_ids[i]) for i, turns in enumerate(gains) for _ in turns], dtype=torch.long)
+    if not len(flat):
+        return [[] for _ in gains]
+    z = grpo_advantages(flat, ids, eps).tolist()
+    out, at = [], 0
+    for turns in gains:
+        out.append(z[at : at + len(turns)])
+        at += len(turns)
+    return out
+
+
+def error_baseline_advantages(rewards: Tensor, group_ids: Tensor, advantages: Tensor, first_error: Tensor) -> Tensor:
+    """The advantage of the turns after a rollout's first failed action, under a baseline that knows
+    a failed action was taken.
+
+    A failed action (an env error) changes the odds: an agent that rarely recovers from one has a
+    value near 0 from then on, so the outcome baseline of the group (its mean reward, the odds at
+    the task's start) is the wrong one for the turns after it. Those turns get the baseline ``b``,
+    the mean reward of every rollout of the batch that had a failed action (a state-dependent
+    baseline: it depends on whether an error happened before the turn, not on the turn's own
+    action, so the policy gradient stays unbiased), on the scale the group's advantages use:
+    ``s_g * (R_i - b)`` with ``s_g = sum_g |A_i| / sum_g |R_i - mean_g|`` (``1 / std_g`` for GRPO,
+    ``G / (G - 1)`` for RLOO; 0 for a group whose rewards are all equal). A failure's turns after
+    its error then carry almost no advantage (they were the noise of its gradient: pushing down
+    tokens sampled where nothing could be won), and a success that recovered from an error credits
+    the recovery. The turns up to and including the failed action keep ``A_i``.
+
+    Args:
+        rewards: ``[N]`` rollout rewards.
+        group_ids: ``[N]`` group ids.
+        advantages: ``[N]`` the rollouts' outcome advantages.
+        first_error: ``[N]`` bool, whether the rollout had a failed action.
+
+    Returns:
+        ``[N]`` the advantage of each rollout's turns after its first failed action (meaningful where
+        ``first_error``).
+    """
+    _check_inputs(rewards, group_ids)
+    r = rewards.detach().to(torch.float64)
+    stats = group_stats(r, group_ids)
+    index, num_groups = _group_index(group_ids)
+    zeros = r.new_zeros(num_groups)
+    spread = zeros.index_add(0, index, (r - stats.mean).abs())
+    mass = zeros.index_add(0, index, advantages.detach().to(torch.float64).abs())
+    scale = torch.where(spread > 0, mass / spread.clamp(min=1e-12), zeros)[index]
+    errored = first_error.bool()
+    b = r[errored].mean() if errored.any() else r.new_zeros(())
+    return (scale * (r - b)).to(_out_dtype(rewards))
 
 
 def zero_signal_fraction(rewards: Tensor, group_ids: Tensor) -> float:

@@ -4,7 +4,10 @@ One row per context window (DESIGN.md): an append-only session becomes one ``Row
 exactly the sampled token ids, with ``action_mask`` True on the generated tokens, the sampler's
 log-probs and the session's advantage on those tokens. Supervised demonstrations are rows too,
 with ``action_mask`` on the target tokens. ``collate_rows`` pads rows into tensors;
-``batches_by_tokens`` groups rows of similar length under a token budget. ``pack_rows`` and
+``group_steps`` splits an epoch's rows into optimizer steps of whole groups (every row of
+each task's G rollouts in one step, so each step's advantages are those of complete groups);
+``batches_by_tokens`` groups a step's rows of similar length under a token budget
+(micro-batches, joined by gradient accumulation). ``pack_rows`` and
 ``collate_packed`` instead put several rows end to end in one sequence with positions restarting
 at each row, which Hugging Face models turn into attention kept within each row (varlen kernels
 under flash attention; a block-diagonal mask otherwise).
@@ -16,6 +19,7 @@ Nothing predicts token 0, so ``action_mask[0]`` is always False.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +37,7 @@ __all__ = [
     "transition_rows",
     "collate_rows",
     "batches_by_tokens",
+    "group_steps",
     "pack_rows",
     "packs_by_tokens",
     "collate_packed",
@@ -125,8 +130,9 @@ def demo_row(
     return segments_row([(prompt_ids, False), (target_ids, True)], role=role, meta=meta)
 
 
-def session_row(session: Session, advantage: float, max_tokens: int | None = None) -> Row | None:
-    """One session as a row, its advantage on its generated tokens.
+def session_row(session: Session, advantage: float | list[float], max_tokens: int | None = None) -> Row | None:
+    """One session as a row, its advantage on its generated tokens (one for the whole session, or
+    one per call: each call's completion tokens get their call's).
 
     The row holds ``Session.token_ids``; tokens past ``max_tokens`` are dropped (the prefix is
     kept) and ``meta["truncated"]`` says so. A generated token at index 0 (a session whose first
@@ -156,24 +162,33 @@ def session_row(session: Session, advantage: float, max_tokens: int | None = Non
         "tokens_dropped": session.num_tokens - len(ids),
     }
     role = session.calls[0].role
-    advantages = [float(advantage) if m else 0.0 for m in mask]
+    if isinstance(advantage, (int, float)):
+        per_token = [float(advantage)] * len(ids)
+    elif len(advantage) == len(session.calls):
+        per_token = [float(a) for call, a in zip(session.calls, advantage)
+                     for a in [0.0] * len(call.prompt_ids) + [a] * len(call.completion_ids)]
+    else:
+        raise ValueError(f"session {session.session_id} has {len(session.calls)} calls but {len(advantage)} advantages")
+    advantages = [a if m else 0.0 for a, m in zip(per_token, mask)]
     logps = [lp if m else 0.0 for lp, m in zip(logps, mask)]
     return Row(ids, mask, logps, advantages, role=role, meta=meta)
 
 
 def session_rows(
     rollouts: list[Rollout],
-    session_advantages: list[list[float]],
+    session_advantages: list[list[float | list[float]]],
     max_tokens: int | None = None,
 ) -> list[Row]:
     """One row per session with generated tokens, over a batch of rollouts.
 
-    ``session_advantages[i][k]`` is copied to the generated tokens of ``rollouts[i].sessions[k]``.
+    ``session_advantages[i][k]`` is copied to the generated tokens of ``rollouts[i].sessions[k]``;
+    a list there gives each call of the session its own advantage (`session_row`).
     Sessions with no generated token (also after truncation) give no row. Each row's ``meta``
     holds ``rollout`` (index into ``rollouts``), ``group_id``, ``task_id``, ``session_id``,
     ``kind``, ``depth``, ``truncated`` and ``tokens_dropped``; its role is the first call's role
     (a session is assumed to have one role). Each session also keeps its advantage in
-    ``session.meta["advantage"]`` (saved rollouts and the viewer show it).
+    ``session.meta["advantage"]`` (saved rollouts and the viewer show it; per-call advantages:
+    their mean there, the list in ``meta["call_advantages"]``).
 
     Args:
         rollouts: the rollouts.
@@ -196,7 +211,11 @@ def session_rows(
                 f"rollout {i} has {len(rollout.sessions)} sessions but {len(advs)} advantages"
             )
         for session, adv in zip(rollout.sessions, advs):
-            session.meta["advantage"] = float(adv)
+            if isinstance(adv, (int, float)):
+                session.meta["advantage"] = float(adv)
+            else:
+                session.meta["call_advantages"] = [float(a) for a in adv]
+                session.meta["advantage"] = sum(adv) / max(len(adv), 1)
             row = session_row(session, adv, max_tokens) if session.num_generated else None
             if row is not None:
                 row.meta.update(rollout=i, group_id=rollout.group_id, task_id=rollout.task_id)
@@ -297,6 +316,49 @@ def batches_by_tokens(rows: list[Row], max_tokens_per_batch: int) -> list[list[R
     if current:
         batches.append(current)
     return batches
+
+
+def group_steps(rows: list[Row], mini_batches: int, rng: random.Random | None = None) -> list[list[Row]]:
+    """Split an epoch's rows into at most ``mini_batches`` optimizer steps of whole groups.
+
+    A group is every row whose ``meta["group_id"]`` is the same (the G rollouts of one task with
+    all their sessions or tree nodes); no group is split across steps, so each step's advantages
+    are those of complete groups and hold both signs wherever a group does. Groups are put in a
+    random order (``rng``; input order without one), then cut into ``mini_batches`` contiguous
+    runs of about equal trained tokens; with fewer groups than ``mini_batches``, one group a
+    step. Never sort an epoch's rows by length into steps: in agent RL failures run longer, so
+    such steps hold one advantage sign each (ALGORITHMS.md, "What one optimizer step sees").
+
+    Args:
+        rows: the epoch's rows; each ``meta`` holds ``group_id`` (rows without one form a group
+            each).
+        mini_batches: the most steps to make (>= 1).
+        rng: shuffles the groups.
+
+    Returns:
+        The steps, each a list of rows (rows of a group in input order); every row exactly once.
+    """
+    if mini_batches < 1:
+        raise ValueError(f"mini_batches must be at least 1, got {mini_batches}")
+    groups: dict[Any, list[Row]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(row.meta.get("group_id", ("row", i)), []).append(row)
+    order = list(groups.values())
+    if rng is not None:
+        rng.shuffle(order)
+    steps = min(mini_batches, len(order))
+    total = sum(row.num_trained for group in order for row in group)
+    out: list[list[Row]] = [[] for _ in range(steps)]
+    done, step = 0, 0
+    for k, group in enumerate(order):
+        # the step in whose share of the tokens this group's middle falls, moving on one step at
+        # a time, and soon enough that the groups left fill every step left
+        size = sum(row.num_trained for row in group)
+        share = min(int((done + size / 2) * steps / max(total, 1)), steps - 1)
+        step = max(min(share, step + 1 if out[step] else step), steps - (len(order) - k))
+        out[step] += group
+        done += size
+    return out
 
 
 def pack_rows(rows: list[Row], pack_length: int) -> list[list[Row]]:

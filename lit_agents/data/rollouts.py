@@ -32,6 +32,7 @@ from lit_agents.algorithms.collate import (
     batches_by_tokens,
     collate_packed,
     collate_rows,
+    group_steps,
     packs_by_tokens,
 )
 from lit_agents.data.demos import expert_episodes, read_episodes, write_episodes
@@ -117,6 +118,7 @@ class AgentDataModule(LightningDataModule):
     """
 
     packing = False  # training data modules set these (`token_batches`)
+    _accumulate = 1  # the micro-batches per optimizer step this module last set on the trainer
     pack_length: int | None = None
     max_tokens_per_batch = 8192
 
@@ -204,33 +206,38 @@ class AgentDataModule(LightningDataModule):
             raise ValueError(f"{type(module).__name__} trains on padded rows only: set data packing: false")
         return packs_by_tokens(rows, self.max_tokens_per_batch, self.pack_length)
 
-    def _loader(self, batches: list[list]) -> DataLoader:
-        """Serve the batches; under DDP every rank serves the same number (the most any rank
-        has: a rank with fewer adds ``pad_step`` batches, on which modules take a zero-gradient
-        step so gradient all-reduces stay matched). No rank with rows: one empty batch each.
+    def _loader(self, steps: list[list[list]], k: int | None = None) -> DataLoader:
+        """Serve optimizer steps, each a list of micro-batches (lists of rows or packs).
 
-        With ``trainer.accumulate_grad_batches = k`` every k consecutive batches make one
-        optimizer step, and each carries the step's trained-token count, so the modules
-        normalize the loss by the step's tokens (a token mean over the whole step, not a mean
-        of per-batch means)."""
-        batches = [b for b in batches if b]
+        Every step is padded to the same number of micro-batches ``k`` with ``pad_step`` batches
+        (a zero-gradient step in the modules), and the trainer accumulates gradients over ``k``
+        batches, so each step is one optimizer step; every batch carries its step's trained-token
+        count, so the modules normalize the loss by the step's tokens (one token mean over the
+        whole step, not a mean of per-batch means). Under DDP every rank serves the same number
+        of steps of the same ``k`` (the most any rank has; steps in lock-step keep the gradient
+        all-reduces matched). No rank with rows: one empty batch each. A module that optimizes
+        by hand (``automatic_optimization = False``) steps on every batch: its micro-batches are
+        its steps. ``k`` fixes the micro-batches a step (the configured accumulation, for SFT);
+        ``None`` = the most any step has."""
         module = self.trainer.lightning_module
-        k = self.trainer.accumulate_grad_batches if module.automatic_optimization else 1
-        if batches and len(batches) % k:
-            batches += [PAD_STEP] * (k - len(batches) % k)
-        count = len(batches)
+        if not module.automatic_optimization:
+            steps, k = [[batch] for step in steps for batch in step], 1
+        steps = [step for step in ([b for b in step if b] for step in steps) if step]
+        count, k = len(steps), k or max(map(len, steps), default=1)
         if self.world[1] > 1:
-            count = int(self.trainer.strategy.reduce(torch.tensor(count, device=self.trainer.strategy.root_device), reduce_op="max"))
+            both = torch.tensor([count, k], device=self.trainer.strategy.root_device)
+            count, k = (int(v) for v in self.trainer.strategy.reduce(both, reduce_op="max"))
         if count == 0:
             return DataLoader(_Batches([[]], module.policy.pad_id), batch_size=None)  # an empty loader stops fitting
-        batches = batches + [PAD_STEP] * (count - len(batches))
-        step_tokens = None
-        if k > 1:
-            step_tokens = []
-            for start in range(0, len(batches), k):
-                group = batches[start : start + k]
-                step_tokens += [sum(_trained_tokens(b) for b in group)] * len(group)
-        return DataLoader(_Batches(batches, module.policy.pad_id, step_tokens, k), batch_size=None)
+        steps += [[]] * (count - len(steps))
+        batches: list[list] = []
+        step_tokens: list[int] = []
+        for step in steps:
+            batches += step + [PAD_STEP] * (k - len(step))
+            step_tokens += [sum(_trained_tokens(b) for b in step)] * k
+        if module.automatic_optimization:
+            self.trainer.accumulate_grad_batches = self._accumulate = k
+        return DataLoader(_Batches(batches, module.policy.pad_id, step_tokens if k > 1 else None, k), batch_size=None)
 
 def _identity(x):
     return x
@@ -242,10 +249,15 @@ class RolloutDataModule(AgentDataModule):
     Args:
         tasks_per_epoch: tasks per epoch on each rank (whole groups stay on one rank).
         group_size: attempts per task (G).
-        max_tokens_per_batch: token budget of one batch (rows are grouped greedily); one optimizer
-            step, or with `trainer.accumulate_grad_batches: k` one k-th of a step whose loss is
-            the token mean over all k batches.
-        update_epochs: passes over the epoch's rows (PPO epochs); the first is on-policy.
+        mini_batches: optimizer steps per pass over the epoch's rows. Each step holds whole
+            groups (every rollout of each task it contains, with all their sessions or nodes:
+            `collate.group_steps`), groups shuffled and split into steps of about equal tokens.
+        max_tokens_per_batch: token budget of one micro-batch: a step's rows, sorted by length,
+            go into micro-batches under this budget, and gradient accumulation joins them into
+            one optimizer step whose loss is the token mean over the whole step. The data module
+            sets ``trainer.accumulate_grad_batches`` itself each epoch (leave it at 1).
+        update_epochs: passes over the epoch's rows (PPO epochs); the first is on-policy, and
+            each pass regroups the steps.
         split: task split to train on.
         packing: put rows end to end in packs instead of padding them (`collate.packs_by_tokens`):
             no compute on padding, attention kept within each row. Fastest with flash attention
@@ -261,6 +273,7 @@ class RolloutDataModule(AgentDataModule):
         agent: Agent | None = None,
         tasks_per_epoch: int = 16,
         group_size: int = 8,
+        mini_batches: int = 1,
         max_tokens_per_batch: int = 16384,
         update_epochs: int = 1,
         split: Split = "train",
@@ -277,6 +290,9 @@ class RolloutDataModule(AgentDataModule):
         self.packing, self.pack_length = packing, pack_length
         self.tasks_per_epoch = tasks_per_epoch
         self.group_size = group_size
+        if mini_batches < 1 or update_epochs < 1:
+            raise ValueError(f"mini_batches and update_epochs must be at least 1, got {mini_batches}, {update_epochs}")
+        self.mini_batches = mini_batches
         self.max_tokens_per_batch = max_tokens_per_batch
         self.update_epochs = update_epochs
         self.split = split
@@ -298,6 +314,14 @@ class RolloutDataModule(AgentDataModule):
             picked.append(passes[cycle][index])
         return picked[rank::world]
 
+    def setup(self, stage: str) -> None:
+        accumulate = self.trainer.accumulate_grad_batches
+        if stage == "fit" and accumulate not in (1, self._accumulate):
+            raise ValueError(
+                f"RolloutDataModule builds each optimizer step from whole groups and sets the gradient accumulation "
+                f"itself; trainer.accumulate_grad_batches={accumulate} would split its steps. Leave it at 1 and set "
+                f"data.mini_batches (optimizer steps per pass) and data.max_tokens_per_batch (micro-batch size)")
+
     def train_dataloader(self) -> DataLoader:
         module = self.trainer.lightning_module
         epoch = self.trainer.current_epoch
@@ -308,15 +332,12 @@ class RolloutDataModule(AgentDataModule):
         self.last_rollouts, self.last_rollout_seconds = rollouts, time.perf_counter() - started
         rows = module.rollouts_to_rows(rollouts)
         self._write(rollouts, "train")  # after the rows: sessions carry meta["advantage"]
-        batches: list[list[Row]] = []
         rng = random.Random(self.seed * 31 + epoch)
-        for _ in range(self.update_epochs):
-            passes = self.token_batches(rows)
-            rng.shuffle(passes)
-            batches += passes
+        steps = [self.token_batches(step) for _ in range(self.update_epochs)
+                 for step in group_steps(rows, self.mini_batches, rng)]
         # an epoch without learning signal (every group solved or every group failed) yields one
         # empty batch (`_loader`)
-        return self._loader(batches)
+        return self._loader(steps)
 
 
 def _spread(i: int, fraction: float, phase: float = 0.0) -> bool:
@@ -429,4 +450,5 @@ class DemonstrationDataModule(AgentDataModule):
         random.Random(self.seed * 31 + self.trainer.current_epoch).shuffle(rows)
         batches = self.token_batches(rows)
         random.Random(self.seed * 17 + self.trainer.current_epoch).shuffle(batches)
-        return self._loader(batches)
+        k = self.trainer.accumulate_grad_batches  # demonstrations: the configured accumulation
+        return self._loader([batches[i : i + k] for i in range(0, len(batches), k)], k)

@@ -22,7 +22,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lit_agents.algorithms.advantages import group_has_signal, grpo_advantages
+from lit_agents.algorithms.advantages import (
+    call_gains,
+    error_baseline_advantages,
+    group_has_signal,
+    grpo_advantages,
+    turn_credit,
+)
 from lit_agents.algorithms.collate import Row, session_rows
 from lit_agents.algorithms.losses import LossOutput, cispo_loss, kl_loss, ppo_clip_loss
 from lit_agents.modules.base import AgentModule, import_callable
@@ -45,7 +51,21 @@ class GRPOPolicy(AgentModule):
         cispo_max_ratio: CISPO importance-weight cap.
         normalizer: ``None`` = token mean over the batch (over the optimizer step under gradient
             accumulation); a number = Dr.-GRPO constant divisor (of the KL term too).
-        drop_zero_signal: drop groups whose rewards are all equal.
+        drop_zero_signal: drop groups without a learning signal: rewards all equal (and, with
+            ``turn_credit``, every turn's progress gain equal too).
+        turn_credit: weight of per-turn credit from the env's progress score: each call (turn)
+            gets the rollout's outcome advantage plus ``turn_credit`` times its progress gain
+            (progress after the call minus before it, from ``session.meta["progress"]``, which
+            `ReActAgent` records), standardized over every turn of the group. A failed episode's
+            turns that made progress then count for it and its wasted turns against it, instead
+            of all sharing the outcome's sign. 0 = outcome credit only (GRPO).
+        error_baseline: the turns after a session's first failed action (the env's
+            ``info["error"]``, which `ReActAgent` records in ``session.meta["errors"]``) are
+            credited against a baseline that knows it: the batch's mean reward among rollouts with
+            a failed action (`advantages.error_baseline_advantages`). A failed episode's turns after
+            its first error then carry ~0 advantage instead of the outcome's full penalty (they
+            were most of the gradient's noise: RL health in docs/results.md), and a success that
+            recovered from an error credits the recovery.
         kl_estimator: estimator of the KL penalty when a `KLAnchor` is active.
         temperature: temperature the log-probs are computed at; ``None`` = the data module's
             agent's sampling temperature (they must match for the ratio to start at 1).
@@ -66,6 +86,8 @@ class GRPOPolicy(AgentModule):
         cispo_max_ratio: float = 5.0,
         normalizer: float | None = None,
         drop_zero_signal: bool = True,
+        turn_credit: float = 0.0,
+        error_baseline: bool = False,
         kl_estimator: Literal["k1", "k2", "k3"] = "k3",
         temperature: float | None = None,
         max_row_tokens: int | None = None,
@@ -81,6 +103,7 @@ class GRPOPolicy(AgentModule):
             "cispo": partial(cispo_loss, max_ratio=cispo_max_ratio),
         }[loss]
         self.kl_coef = 0.0  # set by a KLAnchor callback
+        self._health = StepHealth()
 
     @property
     def temperature(self) -> float:
@@ -124,23 +147,65 @@ class GRPOPolicy(AgentModule):
         return self._loss_fn(logp, old_logprobs, advantages, mask, normalizer=normalizer)
 
     # ------------------------------------------------------------------ training
+    def call_advantages(self, rollouts: list[Rollout], advantages: Tensor) -> list[list[float | list[float]]]:
+        """Per session of each rollout: the rollout's outcome advantage, or with ``error_baseline``
+        or ``turn_credit`` one advantage per call (`collate.session_rows` takes either)."""
+        hp = self.hparams
+        outcome = advantages.tolist()
+        if not hp.error_baseline and not hp.turn_credit:
+            return [[a] * len(r.sessions) for r, a in zip(rollouts, outcome)]
+        sessions = [(i, s) for i, r in enumerate(rollouts) for s in r.sessions]
+        for key, needed in (("errors", hp.error_baseline), ("progress", hp.turn_credit)):
+            missing = next((rollouts[i].task_id for i, s in sessions if needed and s.calls and key not in s.meta), None)
+            if missing is not None:
+                raise ValueError(f"{'error_baseline' if key == 'errors' else 'turn_credit'} needs each session's "
+                                 f"per-turn meta[{key!r}] (ReActAgent records it); {missing} has none")
+        per_call = [[outcome[i]] * len(s.calls) for i, s in sessions]
+        if hp.error_baseline:
+            firsts = [next((k for k, e in enumerate(s.meta.get("errors", [])) if e), None) for _, s in sessions]
+            errored = torch.zeros(len(rollouts), dtype=torch.bool)
+            for (i, _), first in zip(sessions, firsts):
+                errored[i] |= first is not None
+            after = error_baseline_advantages(self.rollout_rewards(rollouts), self._group_ids(rollouts), advantages,
+                                              errored).tolist()
+            for calls, (i, _), first in zip(per_call, sessions, firsts):
+                if first is not None:
+                    calls[first + 1 :] = [after[i]] * (len(calls) - first - 1)
+        if hp.turn_credit:
+            gains = [call_gains(s.meta.get("progress", []), len(s.calls)) for _, s in sessions]
+            credit = turn_credit(gains, torch.tensor([rollouts[i].group_id for i, _ in sessions]))
+            per_call = [[a + hp.turn_credit * c for a, c in zip(calls, z)] for calls, z in zip(per_call, credit)]
+        out: list[list[float | list[float]]] = [[] for _ in rollouts]
+        for (i, _), calls in zip(sessions, per_call):
+            out[i].append(calls)
+        return out
+
+    @staticmethod
+    def _group_ids(rollouts: list[Rollout]) -> Tensor:
+        return torch.tensor([r.group_id for r in rollouts])
+
     def rollouts_to_rows(self, rollouts: list[Rollout]) -> list[Row]:
         advantages = self.rollout_advantages(rollouts)
+        per_session = self.call_advantages(rollouts, advantages)
         if self.hparams.drop_zero_signal and rollouts:
-            rewards = self.rollout_rewards(rollouts)
-            keep = group_has_signal(rewards, torch.tensor([r.group_id for r in rollouts])).tolist()
-            rollouts = [r for r, k in zip(rollouts, keep) if k]
-            advantages = advantages[torch.tensor(keep, dtype=torch.bool)]
-        per_session = [[a] * len(r.sessions) for r, a in zip(rollouts, advantages.tolist())]
+            groups = self._group_ids(rollouts)
+            keep = group_has_signal(self.rollout_rewards(rollouts), groups)
+            if self.hparams.turn_credit:  # a group whose turns gain unequally teaches too
+                spread = torch.tensor([float(any(c != a for s in advs for c in s)) for advs, a
+                                       in zip(per_session, advantages.tolist())])
+                keep |= group_has_signal(spread, groups) | (spread > 0)
+            kept = [(r, a) for r, a, k in zip(rollouts, per_session, keep.tolist()) if k]
+            rollouts, per_session = [r for r, _ in kept], [a for _, a in kept]
         return session_rows(rollouts, per_session, self.hparams.max_row_tokens)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
-        if batch.get("pad_step"):  # DDP: this rank has no rows left this epoch
+        if batch.get("pad_step"):  # this rank's step has fewer micro-batches than the longest step
             return self.zero_loss()
         if not batch:  # no group with a learning signal this epoch, on any rank: skip the update
             return None
-        logp = self.policy.batch_logprobs(batch, self.temperature)
+        logp, entropy = self.policy.batch_logprobs(batch, self.temperature, entropy=True)
         mask = batch["action_mask"]
+        self._health.add(entropy, batch["advantages"], mask)
         normalizer = self.loss_normalizer(batch, self.hparams.normalizer)
         out = self.policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask, normalizer=normalizer)
         loss = out.loss
@@ -154,3 +219,34 @@ class GRPOPolicy(AgentModule):
         self.log("train/pg_loss", out.loss, batch_size=size)
         self.log_dict({f"diag/{k}": v for k, v in out.stats.items()}, batch_size=size)
         return loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        super().on_before_optimizer_step(optimizer)
+        if self._health.tokens:
+            self.log_dict(self._health.pop(), on_step=True, on_epoch=False)
+
+
+class StepHealth:
+    """The RL health curves of one optimizer step, summed over its micro-batches (a step's last
+    micro-batch alone would say little): ``train/entropy`` (mean entropy of the policy's
+    distribution at the trained tokens, at the sampling temperature: falling to 0 is collapse, rising
+    fast is a policy pushed off its samples), ``train/adv_pos`` and ``train/adv_neg`` (the advantage
+    mass by sign: the sums of the positive and of the negative token advantages over the step's
+    trained tokens, divided by their count, as the token-mean loss weighs them; their sum is the net
+    push on the sampled tokens) and ``train/adv_pos_frac`` (the share of trained tokens with A > 0)."""
+
+    def __init__(self) -> None:
+        self.tokens, self.sums = 0, torch.zeros(4)
+
+    def add(self, entropy: Tensor, advantages: Tensor, mask: Tensor) -> None:
+        """One micro-batch: ``entropy``, ``advantages`` and ``mask`` are ``[B, T]``."""
+        adv, ent = advantages[mask].float(), entropy[mask].float()
+        self.sums += torch.stack([ent.sum(), adv.clamp(min=0).sum(), adv.clamp(max=0).sum(),
+                                  (adv > 0).sum().float()]).detach().cpu()
+        self.tokens += int(mask.sum())
+
+    def pop(self) -> dict[str, float]:
+        """The step's curves; starts the next step."""
+        values = (self.sums / max(self.tokens, 1)).tolist()
+        self.tokens, self.sums = 0, torch.zeros(4)
+        return dict(zip(("train/entropy", "train/adv_pos", "train/adv_neg", "train/adv_pos_frac"), values))
