@@ -26,10 +26,22 @@ SHORT = [
     "--data.init_args.agent.init_args.max_new_tokens=8",
     "--data.init_args.agent.init_args.max_steps=2",
     "--data.init_args.max_tokens_per_batch=1024",
+    # wiring, not numerics: bf16 autocast on a CPU without bf16 units is emulated (4x slower)
+    "--trainer.precision=32-true",
 ]
 
 
-def _short(config: Path, tmp_path: Path) -> list[str]:
+@pytest.fixture(scope="session")
+def smollm2_folder():
+    """SmolLM2 dequantized once (`convert_gguf`): every SmolLM2 config's short fit loads it in under
+    a second instead of parsing the GGUF again (~15 s each; tests/test_models.py loads the GGUF)."""
+    pytest.importorskip("gguf")
+    from lit_agents.models import convert_gguf
+
+    return convert_gguf("smollm2-135m").path
+
+
+def _short(config: Path, tmp_path: Path, smollm2: str | None = None) -> list[str]:
     text = config.read_text()
     args = ["-c", str(config), *SHORT, f"--trainer.default_root_dir={tmp_path}",
             f"--trainer.logger.init_args.save_dir={tmp_path}"]
@@ -45,6 +57,8 @@ def _short(config: Path, tmp_path: Path) -> list[str]:
                  "--model.init_args.policy.init_args.tiny.num_kv_heads=1"]
     if "model: runs/" in text:  # configs that start from an earlier stage's output: use the tiny default
         args += ["--model.init_args.policy.init_args.model=tiny"]
+    if smollm2 and "model: smollm2-135m" in text:
+        args += [f"--model.init_args.policy.init_args.model={smollm2}"]
     return args
 
 
@@ -61,10 +75,9 @@ def test_config_prints(config, capsys):
 
 
 @pytest.mark.parametrize("config", sorted(set(CONFIGS) - STAGED), ids=map(_id, sorted(set(CONFIGS) - STAGED)))
-def test_config_fits_one_short_epoch(config, tmp_path):
-    if "smollm2" in config.stem:
-        pytest.importorskip("gguf")
-    cli = AgentsCLI(args=_short(config, tmp_path), run=False)
+def test_config_fits_one_short_epoch(config, tmp_path, request):
+    smollm2 = request.getfixturevalue("smollm2_folder") if "model: smollm2-135m" in config.read_text() else None
+    cli = AgentsCLI(args=_short(config, tmp_path, smollm2), run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.current_epoch == 1
     assert "val/success" in cli.trainer.callback_metrics

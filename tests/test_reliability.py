@@ -35,7 +35,8 @@ def _grpo(tiny_config, env, seed=0, **data_kwargs):
 
 
 def test_non_finite_loss_skips_the_step_and_counts_it(tiny_config, textcraft, tmp_path):
-    policy, module, data = _grpo(tiny_config, textcraft)
+    # one group per optimizer step, two passes: four steps of one micro-batch each
+    policy, module, data = _grpo(tiny_config, textcraft, mini_batches=2, update_epochs=2, max_tokens_per_batch=4096)
     original = module.training_step
     seen = []
 
