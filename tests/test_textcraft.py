@@ -386,6 +386,19 @@ def test_train_goals_keeps_a_stable_subset_and_val_follows() -> None:
         TextCraft(train_goals=0)
 
 
+def test_val_goals_validate_every_goal_trained_on_a_practised_few() -> None:
+    """An SFT env trained on every goal with ``val_goals: N`` validates on exactly the tasks of an RL
+    env that practises ``train_goals: N``."""
+    sft = TextCraft(min_depth=2, max_depth=2, test_seeds=3, val_goals=10)
+    rl = TextCraft(min_depth=2, max_depth=2, test_seeds=3, train_goals=10)
+    full = TextCraft(min_depth=2, max_depth=2, test_seeds=3)
+    assert sft.tasks("train") == full.tasks("train") and sft.tasks("test") == full.tasks("test")
+    assert sft.tasks("val") == rl.tasks("val") and len(sft.tasks("val")) == 30
+    assert {t.goal for t in rl.tasks("train")} == {t.goal for t in rl.tasks("val")}
+    with pytest.raises(ValueError):
+        TextCraft(val_goals=0)
+
+
 def test_subgoal_experts_solve_every_goal_and_subgoals_are_checkable() -> None:
     env = TextCraft(min_depth=2, max_depth=4, compact=True)
     for task in env.tasks("train")[::7] + env.tasks("test")[::3]:

@@ -108,6 +108,10 @@ class TextCraft(TextEnv):
         train_goals: keep only this many train goal items (the first by a stable hash of the
             name; ``val`` follows them): a smaller world that a small model masters quickly.
             None keeps them all. The ``test`` goals are unchanged.
+        val_goals: ``val`` holds unseen instances of only this many train goal items (the first
+            by the same hash), whatever ``train_goals`` is: an SFT stage trained on every goal
+            then validates on the goals a later stage with ``train_goals`` practises. None: the
+            ``val`` goals are the train goals.
         test_seeds: seeds per goal of the held-out splits: ``test`` = unseen goal items (seeds
             10000, ...), ``val`` = train goal items in unseen instances (seeds 20000, ...: new
             distractors and order).
@@ -137,6 +141,7 @@ class TextCraft(TextEnv):
         test_fraction: float = 0.2,
         train_seeds: int = 4,
         train_goals: int | None = None,
+        val_goals: int | None = None,
         test_seeds: int = 1,
         data_dir: str | None = None,
     ) -> None:
@@ -154,9 +159,9 @@ class TextCraft(TextEnv):
             raise ValueError(f"rename must be 'all' or 'goal', got {rename!r}")
         self.rename_items = rename
         self.test_fraction, self.train_seeds = test_fraction, train_seeds
-        if train_goals is not None and train_goals < 1:
-            raise ValueError(f"train_goals must be >= 1 or None, got {train_goals}")
-        self.test_seeds, self.train_goals = test_seeds, train_goals
+        if any(n is not None and n < 1 for n in (train_goals, val_goals)):
+            raise ValueError(f"train_goals and val_goals must be >= 1 or None, got {train_goals}, {val_goals}")
+        self.test_seeds, self.train_goals, self.val_goals = test_seeds, train_goals, val_goals
         self.data_dir = data_dir
         self.book = load_recipes(data_dir)
 
@@ -183,8 +188,9 @@ class TextCraft(TextEnv):
         goals = sorted((item_id_to_str(i), i, d) for i, d in self.book.depth.items())
         goals = [g for g in goals if self.min_depth <= g[2] <= self.max_depth]
         goals = [g for g in goals if self.is_test_goal(g[0]) == test]
-        if not test and self.train_goals is not None:
-            kept = {g[0] for g in sorted(goals, key=lambda g: self._hash(g[0]))[: self.train_goals]}
+        keep = self.val_goals if split == "val" and self.val_goals is not None else self.train_goals
+        if not test and keep is not None:
+            kept = {g[0] for g in sorted(goals, key=lambda g: self._hash(g[0]))[:keep]}
             goals = [g for g in goals if g[0] in kept]
         first, count = {
             "train": (0, self.train_seeds),
