@@ -76,6 +76,38 @@ def test_transitions_mark_each_rows_last_action_terminal(tiny_config, textcraft)
     assert batch["input_ids"][0, end].item() == policy.chat.end_id
 
 
+def test_v_reads_the_state_so_q_minus_v_ranks_actions_from_it(tiny_config):
+    """Two one-step episodes from the same prompt: the action of the first earns 1, the other's 0.
+    V sees only the state (the same for both), so it learns the state's expectile and Q - V is
+    positive for the good action and negative for the bad one. (V on the action's own hidden
+    state regresses onto Q itself and leaves Q - V near 0 for both.)"""
+    torch.manual_seed(0)
+    policy = AgentPolicy(tiny=tiny_config, roles=["executor"], lora_r=4)
+    module = System2ActorCritic(policy, head_width=16, tau=0.2, kappa=0.7, critic_lr=1e-2)
+    prompt = [5, 6, 7, 8, 9]
+    batch = {
+        "input_ids": torch.tensor([prompt + [20, 21], prompt + [30, 31]]),
+        "attention_mask": torch.ones(2, 7, dtype=torch.long),
+        "meta": [{"spans": [(5, 7)], "rewards": [1.0], "dones": [1.0]},
+                 {"spans": [(5, 7)], "rewards": [0.0], "dones": [1.0]}],
+    }
+    with torch.no_grad():
+        t = module._transitions(batch)
+    assert torch.equal(t["s"][0], t["s"][1]) and not torch.equal(t["h"][0], t["h"][1])
+    opt = torch.optim.Adam([*module.q.parameters(), *module.v.parameters()], lr=1e-2)
+    for _ in range(400):
+        critic_loss, _, _ = module._losses(batch)
+        opt.zero_grad()
+        critic_loss.backward()
+        opt.step()
+        module._polyak()
+    with torch.no_grad():
+        v, q = module.v(t["s"].detach()), module.q(t["h"].detach())
+    assert v[0].item() == pytest.approx(v[1].item()) and v[0].item() == pytest.approx(0.7, abs=0.1)
+    adv = q - v
+    assert adv[0] > 0.15 and adv[1] < -0.4
+
+
 def test_online_kl_to_offline_executor_is_zero_at_first_step(tiny_config, textcraft, tmp_path):
     first = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
     folder = tmp_path / "adapters"

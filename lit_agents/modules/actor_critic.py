@@ -1,15 +1,17 @@
 """Multi2's System 2: the executor trained by offline actor-critic, then online RL.
 
-ALGORITHMS.md (Multi2). Per executor action ``a_t``: ``h_t`` is the last-layer hidden state at the
-action's last token (the executor adapter active), ``l_t`` the mean token log-prob of the action.
-Q and V are small fp32 MLP heads on ``h_t`` detached from the actor **[choice]**, with Polyak
-target copies (``tau``); manual optimisation with two optimizers (actor: the executor adapter;
-critic: the heads).
+ALGORITHMS.md (Multi2). Per executor action ``a_t``, last-layer hidden states with the executor
+adapter active: ``s_t`` at the last token before the action (the end of its prompt: the state)
+and ``h_t`` at the action's last token (state and action); ``l_t`` the mean token log-prob of
+the action. Q reads ``h_t``, V reads ``s_t`` only (V on ``h_t`` would regress onto Q on the same
+input and leave ``Q - V`` as noise). Both are small fp32 MLP heads on features detached from the
+actor **[choice]**, with Polyak target copies (``tau``); manual optimisation with two optimizers
+(actor: the executor adapter; critic: the heads).
 
 - ``phase="offline"`` (on `DemonstrationDataModule` data: expert + epsilon-noisy episodes):
-  Q by TD toward ``r + gamma (1 - d) V_target(h_{t+1})`` (terminal transitions included
-  **[choice]**), V by expectile regression toward ``Q_target(h_t)``, actor weighted by
-  ``policy_anchored_weights(Q - V)``.
+  Q by TD toward ``r + gamma (1 - d) V_target(s_{t+1})`` (terminal transitions included
+  **[choice]**), V by expectile regression of ``V(s_t)`` toward ``Q_target(h_t)``, actor weighted
+  by ``policy_anchored_weights(Q(h_t) - V(s_t))``.
 - ``phase="online"`` (on `RolloutDataModule` data played by `HierarchicalAgent`): a FIFO replay
   buffer of executor subgoal episodes, seeded with the successful ones of ``buffer_seed`` (a
   demonstrations JSONL), fed each epoch with the new episodes (successes, and a ``keep_failures``
@@ -190,16 +192,19 @@ class System2ActorCritic(AgentModule):
 
     # ------------------------------------------------------------------ training
     def _transitions(self, batch: dict[str, Any]) -> dict[str, Tensor]:
-        """Per action: features h, next features, rewards, dones, episode ids, mean log-probs."""
+        """Per action: the state feature ``s`` (hidden state at the last token before the action:
+        the end of its prompt; what V sees), the state-action feature ``h`` (at the action's last
+        token; what Q sees), the next action's index, rewards, dones, episode ids, mean log-probs."""
         hidden = self.policy.hidden_states(batch["input_ids"], batch["attention_mask"])
         head = self.policy.model.get_output_embeddings()
         logp = token_logprobs(hidden, head.weight, batch["input_ids"], lm_head_bias=head.bias,
                               chunk_size=self.policy.logprob_chunk_size)
-        rows, ends, lps, rewards, dones, next_index, episodes = [], [], [], [], [], [], []
+        rows, starts, ends, lps, rewards, dones, next_index, episodes = [], [], [], [], [], [], [], []
         for b, meta in enumerate(batch["meta"]):
             n = len(meta["spans"])
             for k, (start, end) in enumerate(meta["spans"]):
                 rows.append(b)
+                starts.append(start - 1)
                 ends.append(end - 1)
                 lps.append(logp[b, start:end].mean())
                 next_index.append(len(rows) if k + 1 < n else len(rows) - 1)  # terminal: itself (masked)
@@ -207,9 +212,10 @@ class System2ActorCritic(AgentModule):
             rewards += meta["rewards"]
             dones += [1.0 if k + 1 == n else d for k, d in enumerate(meta["dones"])]  # a row ends its episode
         device = hidden.device
-        h = hidden[torch.tensor(rows, device=device), torch.tensor(ends, device=device)]
+        index = torch.tensor(rows, device=device)
         return {
-            "h": h,
+            "s": hidden[index, torch.tensor(starts, device=device)],
+            "h": hidden[index, torch.tensor(ends, device=device)],
             "next": torch.tensor(next_index, device=device),
             "logp": torch.stack(lps),
             "rewards": torch.tensor(rewards, device=device, dtype=torch.float32),
@@ -249,17 +255,18 @@ class System2ActorCritic(AgentModule):
         """Critic loss (TD for Q; expectile for V offline), actor loss (weighted log-likelihood,
         plus KL to the offline executor online) and statistics for one batch."""
         t = self._transitions(batch)
-        h = t["h"].detach()
+        h, s = t["h"].detach(), t["s"].detach()
         hp = self.hparams
         with torch.no_grad():
             q_target = self.q_target(h)
-            bootstrap = (self.v_target(h) if self.phase == "offline" else q_target)[t["next"]]
+            # offline: V_target at the next step's state; online: Q_target at the next action taken
+            bootstrap = (self.v_target(s) if self.phase == "offline" else q_target)[t["next"]]
             y = td_targets(t["rewards"], bootstrap, t["dones"], hp.gamma)
         q = self.q(h)
         q_loss = (q - y).square().mean()
         stats = {"q_loss": q_loss.detach(), "q_mean": q.detach().mean(), "td_target": y.mean()}
         if self.phase == "offline":
-            v = self.v(h)
+            v = self.v(s)
             v_loss = expectile_loss(q_target - v, hp.kappa)
             critic_loss = q_loss + v_loss
             adv = (q - v).detach()
