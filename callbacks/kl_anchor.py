@@ -2,7 +2,9 @@
 
 Before each training batch it computes the reference log-probs of the batch's tokens and puts
 them in ``batch["ref_logprobs"]``; the module adds ``coef * KL`` (its ``kl_estimator``) to the
-loss and logs ``train/kl``. References: the base with adapters disabled (``"base"``, free under
+loss and logs ``train/kl``. A module whose ``kl_needs_distributions`` is true (the exact KL over
+the vocabulary, for off-policy rows) gets the reference's hidden states and output head instead
+(``batch["ref_hidden"]``, ``["ref_head_weight"]``, ``["ref_head_bias"]``). References: the base with adapters disabled (``"base"``, free under
 LoRA), a named frozen adapter (Multi2's offline executor, ``"executor_offline"``), or a frozen
 copy of the policy as the run's config built it (``"snapshot"``: for full fine-tuning, or LoRA
 started from an SFT adapter). The snapshot holds only what trains (the adapter under LoRA, every
@@ -21,6 +23,8 @@ of the model on every rank (taken before the strategy shards it).
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -81,36 +85,61 @@ class KLAnchor(Callback):
             raise ValueError("KLAnchor(reference='base') needs LoRA adapters; use reference='snapshot' for full fine-tuning")
         pl_module.kl_coef = self.coef
 
-    @torch.no_grad()
-    def reference_logprobs(self, pl_module: LightningModule, batch: dict[str, Any]) -> torch.Tensor:
-        policy = pl_module.policy
-        temperature = getattr(pl_module, "temperature", 1.0)
+    @contextmanager
+    def as_reference(self, policy: Any) -> Iterator[None]:
+        """The policy's model computes as the reference inside this block."""
         if self._snapshot is not None:
             live, policy.model = policy.model, self._snapshot
             try:
-                return policy.batch_logprobs(batch, temperature)
+                yield
             finally:
                 policy.model = live
-        if self._tensors is not None:
+        elif self._tensors is not None:
             params = dict(policy.model.named_parameters())
             live_data = {n: params[n].data for n in self._tensors}
             try:
                 for n, t in self._tensors.items():
                     params[n].data = t
-                return policy.batch_logprobs(batch, temperature)
+                yield
             finally:
                 for n, t in live_data.items():
                     params[n].data = t
-        if self.reference == "base":
+        elif self.reference == "base":
             with policy.adapters_disabled():
-                return policy.batch_logprobs(batch, temperature)
-        with policy.role(self.reference):
-            return policy.batch_logprobs(batch, temperature)
+                yield
+        else:
+            with policy.role(self.reference):
+                yield
+
+    @torch.no_grad()
+    def reference_logprobs(self, pl_module: LightningModule, batch: dict[str, Any]) -> torch.Tensor:
+        with self.as_reference(pl_module.policy):
+            return pl_module.policy.batch_logprobs(batch, getattr(pl_module, "temperature", 1.0))
+
+    @torch.no_grad()
+    def reference_hidden(self, pl_module: LightningModule, batch: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+        """The reference's last hidden states ``[B, T, H]`` and its output head (weight, bias),
+        for a module that compares whole distributions (`losses.token_vocab_kl`)."""
+        policy = pl_module.policy
+        with self.as_reference(policy):
+            hidden = policy.hidden_states(batch["input_ids"], batch["attention_mask"], batch.get("position_ids"))
+            head = policy.model.get_output_embeddings()
+            if hasattr(head, "lora_A"):
+                raise ValueError("the exact vocabulary KL reads the reference's head as a plain linear layer; "
+                                 "with LoRA on the output head use a sampled estimator (kl_estimator: k3)")
+            # swapped-in tensors go back on exit: keep a copy of the head's
+            weight, bias = head.weight.detach(), None if head.bias is None else head.bias.detach()
+            if self._tensors is not None:
+                weight, bias = weight.clone(), None if bias is None else bias.clone()
+        return hidden, weight, bias
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         skip = not batch or batch.get("pad_step")  # an empty step (no learning signal)
         with full_parameters(trainer):  # entered by every rank: a collective under FSDP
-            if not skip:
+            if not skip and getattr(pl_module, "kl_needs_distributions", False):
+                batch["ref_hidden"], batch["ref_head_weight"], batch["ref_head_bias"] = \
+                    self.reference_hidden(pl_module, batch)
+            elif not skip:
                 batch["ref_logprobs"] = self.reference_logprobs(pl_module, batch)
         if not skip:
             pl_module.kl_coef = self.coef

@@ -139,6 +139,47 @@ def test_online_kl_to_offline_executor_is_zero_at_first_step(tiny_config, textcr
     assert len(module.buffer) > len(seeded) >= 3  # the demos' successful subgoals, then the new episodes
 
 
+def test_online_vocab_kl_is_flat_at_the_offline_executor_and_pulls_toward_it(tiny_config, textcraft, tmp_path):
+    """The exact KL over the vocabulary on buffer rows: no gradient while the online executor
+    equals the offline one; once moved away, steps on the KL alone bring it back."""
+    from lit_agents.algorithms.collate import collate_rows
+
+    torch.manual_seed(0)
+    AgentPolicy(tiny=tiny_config, roles=["executor"], lora_r=4, lora_targets="all-linear").save_role("executor", tmp_path / "a")
+    policy = AgentPolicy(tiny=tiny_config, roles=["scratch"], lora_r=4, lora_targets="all-linear")
+    policy.load_role("executor", tmp_path / "a" / "executor", trainable=True)
+    policy.load_role("executor_offline", tmp_path / "a" / "executor")
+    module = System2ActorCritic(policy, phase="online", head_width=8)
+    assert module.kl_needs_distributions
+    rollout = HierarchicalAgent().expert_rollout(policy, textcraft, textcraft.tasks("train")[1])
+    batch = collate_rows(module.demonstration_rows([rollout]), policy.pad_id, with_meta=True)
+    anchor = KLAnchor(coef=1.0, reference="executor_offline")
+    params = [p for p in policy.parameters() if p.requires_grad]
+
+    def kl() -> torch.Tensor:
+        b = dict(batch)
+        b["ref_hidden"], b["ref_head_weight"], b["ref_head_bias"] = anchor.reference_hidden(module, b)
+        return module._kl(module._transitions(b), b)
+
+    at_start = kl()
+    grads = torch.autograd.grad(at_start, params, allow_unused=True)
+    assert at_start.item() == pytest.approx(0.0, abs=1e-6)
+    assert max(g.abs().max().item() for g in grads if g is not None) < 1e-6
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if ".executor." in name and "lora_B" in name:
+                p.add_(0.03 * torch.randn_like(p))  # larger saturates this random model's KL
+    opt = torch.optim.Adam(params, lr=3e-3)
+    values = []
+    for _ in range(30):
+        loss = kl()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        values.append(loss.item())
+    assert values[0] > 0.005 and values[-1] < 0.2 * values[0]
+
+
 def test_planner_sft_trains_on_planner_sessions_only(tiny_config, textcraft, tmp_path):
     policy = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
     data = DemonstrationDataModule(textcraft, _agent(), demos=4, val_tasks=0)

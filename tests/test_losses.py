@@ -16,6 +16,8 @@ from lit_agents.algorithms.losses import (
     sft_loss,
     token_logprobs,
     token_logprobs_and_entropy,
+    token_vocab_kl,
+    vocab_kl,
 )
 
 
@@ -99,6 +101,35 @@ def test_kl_estimators_hand_values() -> None:
         assert kl_estimate(ref, ref, kind).eq(0).all()  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="k4"):
         kl_estimate(logp, ref, "k4")  # type: ignore[arg-type]
+
+
+def test_vocab_kl_is_the_exact_kl_with_a_zero_gradient_at_the_reference() -> None:
+    torch.manual_seed(0)
+    logits, ref_logits = torch.randn(3, 5, 11), torch.randn(3, 5, 11)
+    logp = logits.log_softmax(-1).requires_grad_()
+    ref = ref_logits.log_softmax(-1)
+    expected = torch.nn.functional.kl_div(ref, logp.detach(), log_target=True, reduction="none").sum(-1)
+    assert torch.allclose(vocab_kl(logp, ref), expected, atol=1e-6) and (expected > 0).all()
+    same = logits.clone().requires_grad_()
+    vocab_kl(same.log_softmax(-1), same.detach().log_softmax(-1)).sum().backward()
+    assert same.grad.abs().max() < 1e-6  # KL's minimum: no push at all when pi = ref
+    # a zero-probability token contributes 0, not nan
+    sparse = torch.tensor([[0.0, float("-inf")]])
+    assert vocab_kl(sparse, torch.tensor([[-0.1, -2.3]])).item() == pytest.approx(0.1)
+
+
+def test_token_vocab_kl_matches_full_and_masks() -> None:
+    torch.manual_seed(1)
+    hidden, ref_hidden = torch.randn(2, 6, 8, requires_grad=True), torch.randn(2, 6, 8)
+    w, ref_w = torch.randn(13, 8), torch.randn(13, 8)
+    mask = torch.tensor([[0, 0, 1, 1, 0, 1], [0, 1, 1, 0, 0, 0]], dtype=torch.bool)
+    got = token_vocab_kl(hidden, ref_hidden, w, ref_w, mask, chunk_size=2, temperature=0.7)
+    full = vocab_kl((hidden @ w.T / 0.7).log_softmax(-1), (ref_hidden @ ref_w.T / 0.7).log_softmax(-1))
+    expected = torch.zeros(2, 6)
+    expected[:, 1:] = full[:, :-1] * mask[:, 1:]  # the state at t-1 predicts token t
+    assert torch.allclose(got, expected, atol=1e-5)
+    got.sum().backward()
+    assert hidden.grad[:, -1].abs().sum() == 0 and hidden.grad[0, 1].abs().sum() > 0
 
 
 def test_kl_loss_masks_padding() -> None:

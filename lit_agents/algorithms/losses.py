@@ -50,6 +50,8 @@ __all__ = [
     "cispo_loss",
     "kl_estimate",
     "kl_loss",
+    "vocab_kl",
+    "token_vocab_kl",
     "sft_loss",
     "td_targets",
     "expectile_loss",
@@ -229,6 +231,80 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: KLKind = "k3") -> Tensor:
     """
     _check_kl_kind(kind)
     return _KL_ESTIMATORS[kind](logp - ref_logp.detach())
+
+
+def vocab_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Exact ``KL(p || ref)`` per position, summed over the vocabulary.
+
+    Unlike the sampled-token estimators (`kl_estimate`), its gradient is the KL's gradient at
+    any position, whoever sampled the token there: the one to use on off-policy rows (a replay
+    buffer's actions), where ``k1``'s gradient is ``grad logp`` whatever the reference says.
+
+    Args:
+        logp: ``[..., V]`` log-softmax of the policy.
+        ref_logp: ``[..., V]`` log-softmax of the reference (no grad is taken through it).
+
+    Returns:
+        ``[...]`` non-negative KL per position; 0 with a 0 gradient where the two are equal.
+    """
+    ref = ref_logp.detach()
+    low = torch.finfo(logp.dtype).min
+    # p = 0 contributes 0 (0 * -inf would be nan); ref = -inf where p > 0 is an infinite KL
+    return (logp.exp() * (logp.clamp(min=low) - ref.clamp(min=low))).sum(-1)
+
+
+def token_vocab_kl(
+    hidden: Tensor,
+    ref_hidden: Tensor,
+    lm_head_weight: Tensor,
+    ref_lm_head_weight: Tensor,
+    mask: Tensor,
+    lm_head_bias: Tensor | None = None,
+    ref_lm_head_bias: Tensor | None = None,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+) -> Tensor:
+    """`vocab_kl` of the distributions that predict each masked token, in chunks.
+
+    ``out[:, t] = KL(softmax(hidden[:, t-1] @ W.T) || softmax(ref_hidden[:, t-1] @ W_ref.T))``
+    where ``mask[:, t]``, else 0. Only ``[chunk_size, V]`` logits of each side exist at once
+    (recomputed in the backward under ``torch.utils.checkpoint``, as `token_logprobs`).
+
+    Args:
+        hidden: ``[B, T, H]`` the policy's last hidden states (after the final norm).
+        ref_hidden: ``[B, T, H']`` the reference's (no grad is taken through it).
+        lm_head_weight, ref_lm_head_weight: ``[V, H]``, ``[V, H']`` output embeddings.
+        mask: ``[B, T]`` bool, the positions whose predicting distributions are compared.
+        lm_head_bias, ref_lm_head_bias: output biases, if the heads have them.
+        chunk_size: positions per chunk.
+        temperature: applied to both sides' logits.
+
+    Returns:
+        ``[B, T]`` float32.
+    """
+    if hidden.shape[:2] != ref_hidden.shape[:2] or hidden.shape[:2] != mask.shape:
+        raise ValueError(f"hidden {tuple(hidden.shape)}, ref_hidden {tuple(ref_hidden.shape)} and mask "
+                         f"{tuple(mask.shape)} must share [B, T]")
+    B, T, H = hidden.shape
+    keep = mask[:, 1:].reshape(-1).bool().nonzero().squeeze(-1)
+    h = hidden[:, :-1].reshape(-1, H).index_select(0, keep)
+    r = ref_hidden[:, :-1].reshape(-1, ref_hidden.shape[-1]).index_select(0, keep).detach()
+    ref_w = ref_lm_head_weight.detach()
+    ref_b = None if ref_lm_head_bias is None else ref_lm_head_bias.detach()
+
+    def chunk(hc: Tensor, rc: Tensor) -> Tensor:
+        logp = _chunk_logits(hc, lm_head_weight, lm_head_bias, temperature).log_softmax(-1)
+        return vocab_kl(logp, _chunk_logits(rc, ref_w, ref_b, temperature).log_softmax(-1))
+
+    use_ckpt = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (hidden, lm_head_weight, lm_head_bias) if t is not None)
+    pieces = [h.new_zeros(0, dtype=torch.float32)]
+    for start in range(0, h.shape[0], chunk_size):
+        args = (h[start : start + chunk_size], r[start : start + chunk_size])
+        pieces.append(checkpoint(chunk, *args, use_reentrant=False) if use_ckpt else chunk(*args))
+    flat = torch.cat(pieces)
+    out = flat.new_zeros(B * (T - 1)).index_copy(0, keep, flat).reshape(B, T - 1)
+    return torch.cat([out.new_zeros(B, 1), out], dim=1)
 
 
 def kl_loss(

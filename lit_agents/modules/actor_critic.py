@@ -45,6 +45,7 @@ from lit_agents.algorithms.losses import (
     policy_anchored_weights,
     td_targets,
     token_logprobs,
+    token_vocab_kl,
 )
 from lit_agents.modules.base import AgentModule
 from lit_agents.policy import AgentPolicy
@@ -83,7 +84,11 @@ class System2ActorCritic(AgentModule):
             (online; replayed with the data module's agent).
         keep_failures: share of new failed executor episodes kept in the buffer.
         rows_per_epoch: buffer episodes trained on per epoch (online; ``None`` = all).
-        kl_estimator: KL estimator toward ``executor_offline`` (k1 in the paper).
+        kl_estimator: the KL toward ``executor_offline`` (online). ``"vocab"``: the exact KL over
+            the vocabulary at every action-token position of the buffer rows
+            (`losses.token_vocab_kl`), the only one of these whose gradient anchors off-policy
+            rows. ``"k1"/"k2"/"k3"``: sampled-token estimators on the buffer's tokens (cheaper;
+            k1, the paper's, has the gradient ``grad logp`` there, whatever the reference).
         critic_warmup_steps: optimizer steps that train the critic only (the actor waits for a
             critic that knows something).
         weight_decay: AdamW weight decay of the actor.
@@ -110,7 +115,7 @@ class System2ActorCritic(AgentModule):
         buffer_seed: str | None = None,
         keep_failures: float = 0.1,
         rows_per_epoch: int | None = 256,
-        kl_estimator: Literal["k1", "k2", "k3"] = "k1",
+        kl_estimator: Literal["vocab", "k1", "k2", "k3"] = "vocab",
         critic_warmup_steps: int = 0,
         weight_decay: float = 0.0,
     ) -> None:
@@ -131,6 +136,11 @@ class System2ActorCritic(AgentModule):
         self.kl_coef = 0.0
         self._rng = random.Random(0)
         self._batches = 0
+
+    @property
+    def kl_needs_distributions(self) -> bool:
+        """`KLAnchor` hands over the reference's hidden states (the exact KL) instead of log-probs."""
+        return self.phase == "online" and self.hparams.kl_estimator == "vocab"
 
     def setup(self, stage: str) -> None:
         from lightning.pytorch.strategies import FSDPStrategy
@@ -222,6 +232,7 @@ class System2ActorCritic(AgentModule):
             "dones": torch.tensor(dones, device=device, dtype=torch.float32),
             "episodes": torch.tensor(episodes, device=device),
             "token_logp": logp,
+            "hidden": hidden,
         }
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -276,14 +287,26 @@ class System2ActorCritic(AgentModule):
             adv = q_target - group_stats(q_target, t["episodes"]).mean.to(q_target.dtype)
         weights = self.actor_weights(adv, t["episodes"])
         actor_loss = -(weights * t["logp"]).mean()
-        if "ref_logprobs" in batch and self.phase == "online":
-            mask = batch["action_mask"]
-            kl = masked_mean(kl_estimate(t["token_logp"], batch["ref_logprobs"], hp.kl_estimator), mask)
+        if self.phase == "online" and ("ref_logprobs" in batch or "ref_hidden" in batch):
+            kl = self._kl(t, batch)
             actor_loss = actor_loss + self.kl_coef * kl
             stats["kl"] = kl.detach()
         stats.update(actor_loss=actor_loss.detach(), adv_mean=adv.mean(), adv_abs=adv.abs().mean(),
                      weight_max=weights.max(), logp=t["logp"].detach().mean())
         return critic_loss, actor_loss, stats
+
+    def _kl(self, t: dict[str, Tensor], batch: dict[str, Any]) -> Tensor:
+        """Mean over the batch's action tokens of the KL to the reference (``kl_estimator``)."""
+        mask = batch["action_mask"]
+        if "ref_hidden" in batch:
+            head = self.policy.model.get_output_embeddings()
+            per_token = token_vocab_kl(t["hidden"], batch["ref_hidden"], head.weight, batch["ref_head_weight"], mask,
+                                       head.bias, batch.get("ref_head_bias"), self.policy.logprob_chunk_size)
+            return masked_mean(per_token, mask)
+        if self.hparams.kl_estimator == "vocab":
+            raise ValueError("kl_estimator 'vocab' needs the reference's hidden states: KLAnchor hands them over "
+                             "when the module's kl_needs_distributions is true")
+        return masked_mean(kl_estimate(t["token_logp"], batch["ref_logprobs"], self.hparams.kl_estimator), mask)
 
     @torch.no_grad()
     def _polyak(self) -> None:
