@@ -24,6 +24,19 @@ def _rollouts():
     return [a, b, c]
 
 
+def test_a_subagent_gains_what_it_did_for_its_own_goal():
+    """A subagent that got the ingredient it was sent for moved the task a little (0.6 -> 0.7)
+    and its goal all the way (0.2 -> 1.0): it is credited with its goal. Other sessions keep
+    the task's progress."""
+    from lit_agents.modules.mosaic import progress_gain
+
+    sub = _session(1, "subagent", 0.6, 0.7, parent=0)
+    sub.meta.update(goal="craft 6 acacia planks", goal_progress_before=0.2, goal_progress_after=1.0)
+    rollout = Rollout("t", 0, [_session(0, "main", 0.0, 0.9), sub], reward=1.0, success=True)
+    assert progress_gain(rollout, sub) == pytest.approx(0.8)
+    assert progress_gain(rollout, rollout.sessions[0]) == pytest.approx(0.9)
+
+
 @pytest.fixture(scope="module")
 def policy(tiny_config):
     return AgentPolicy(tiny=tiny_config, lora_r=4)

@@ -76,6 +76,8 @@ def test_fork_runs_a_subagent_and_returns_its_result(policy, textcraft):
     (rollout,) = agent.run(policy, textcraft, [task], group_size=2)[:1]
     main, sub = rollout.sessions[0], rollout.sessions[1]
     assert sub.kind == "subagent" and sub.parent == 0 and sub.depth == 1 and sub.meta["success"]
+    assert sub.meta["goal_progress_before"] == 0.0 and sub.meta["goal_progress_after"] == 1.0
+    assert "goal_progress_before" not in main.meta
     assert "Your goal: craft 6 acacia planks" in sub.calls[0].prompt_text
     returned = main.calls[1].prompt_text
     assert returned.startswith("Subagent result (craft 6 acacia planks): goal met")

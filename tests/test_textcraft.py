@@ -428,6 +428,21 @@ def test_goal_met_language() -> None:
     assert env.expert_subgoal_action(state, "nonsense") == "inventory"
 
 
+def test_goal_progress_rises_along_a_subgoal_and_is_1_only_when_met() -> None:
+    env = TextCraft(min_depth=2, max_depth=2, compact=True)
+    state, _ = env.reset(env.tasks("train")[1])  # acacia door: 6 acacia planks
+    goal = "craft 6 acacia planks"
+    seen = [env.goal_progress(state, goal)]
+    while not env.goal_met(state, goal):
+        env.step(state, env.expert_subgoal_action(state, goal))
+        seen.append(env.goal_progress(state, goal))
+    assert seen[0] == 0.0 and seen[-1] == 1.0 and all(0 < p < 1 for p in seen[1:-1])
+    assert seen == sorted(seen)
+    assert env.goal_progress(state, "get 4 acacia logs") == 0.0  # the logs went into the planks
+    env.step(state, "get 1 acacia logs")
+    assert env.goal_progress(state, "get 4 acacia logs") == 0.25 and env.goal_progress(state, "have fun") == 0.0
+
+
 @pytest.mark.parametrize("goal_first", [False, True])
 def test_renamed_episode_is_the_same_play_under_other_names(goal_first: bool) -> None:
     """Mapped back to the real names, a renamed episode's actions replay in the real world and

@@ -13,7 +13,8 @@ A rollout is several sessions (ALGORITHMS.md, "Mosaic"):
   observation (masked in the parent's loss, like every observation).
 
 Every session records ``meta["progress_before"/"progress_after"]`` (``env.progress``) for
-Mosaic's marginal gains and, for subagents, ``meta["goal"]`` and ``meta["success"]``. Limits:
+Mosaic's marginal gains and, for subagents, ``meta["goal"]``, ``meta["success"]`` and
+``meta["goal_progress_before"/"goal_progress_after"]`` (``env.goal_progress`` of its own goal). Limits:
 forks and sessions per rollout. All live sessions of all episodes are batched per step.
 
 Extension points for subclasses (docs/extending.md, examples/subclasses.py): `should_compact`
@@ -231,7 +232,7 @@ class MultiSessionAgent(ReActAgent):
                           0 if parent is None else parent.session.depth + 1,
                           meta={"progress_before": float(env.progress(ep.state))})
         if goal:
-            session.meta.update(goal=goal, success=False)
+            session.meta.update(goal=goal, success=False, goal_progress_before=self._goal_progress(env, ep, goal))
         ep.sessions.append(session)
         return _Line(ep, session, policy.chat.start(system, prompt), prompt, goal, parent)
 
@@ -242,6 +243,15 @@ class MultiSessionAgent(ReActAgent):
     def _close(self, env, line: _Line) -> None:
         line.done = True
         line.session.meta["progress_after"] = float(env.progress(line.episode.state))
+        if line.goal:
+            line.session.meta["goal_progress_after"] = self._goal_progress(env, line.episode, line.goal)
+
+    @staticmethod
+    def _goal_progress(env, ep: _Ep, goal: str) -> float:
+        try:
+            return float(env.goal_progress(ep.state, goal))
+        except Exception:  # an env that cannot score this goal: no subagent credit from it
+            return 0.0
 
     def _advance_line(self, policy, env, line: _Line, text: str) -> list[_Line]:
         """Apply one completion; returns new sessions to run."""
@@ -326,6 +336,8 @@ class MultiSessionAgent(ReActAgent):
     def _rollout(env, ep: _Ep) -> Rollout:
         for s in ep.sessions:
             s.meta.setdefault("progress_after", float(env.progress(ep.state)))
+            if "goal" in s.meta:
+                s.meta.setdefault("goal_progress_after", MultiSessionAgent._goal_progress(env, ep, s.meta["goal"]))
         kinds = [s.kind for s in ep.sessions]
         return Rollout(ep.task.task_id, ep.group_id, ep.sessions, ep.reward, ep.success,
                        {"steps": ep.steps, "reason": ep.reason or "max_steps", "sessions": len(ep.sessions),

@@ -92,6 +92,11 @@ class TextEnv(ABC):
         parent check a child's subtask (subagents) and a planner's subgoal (Multi2)."""
         raise NotImplementedError(f"{type(self).__name__} cannot check subgoals")
 
+    def goal_progress(self, state: Any, goal: str) -> float:
+        """How far ``state`` is toward a (sub)goal of `goal_met`'s language, in [0, 1]: what a
+        subagent sent for ``goal`` is credited with (Mosaic). Default: 1 when met, else 0."""
+        return 1.0 if self.goal_met(state, goal) else 0.0
+
     def expert_subgoal(self, state: Any) -> str:
         """The expert planner's next subgoal (a goal `goal_met` can check), for hierarchical
         agents (Multi2's System 1 demonstrations)."""

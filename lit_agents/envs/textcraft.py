@@ -362,6 +362,21 @@ class TextCraft(TextEnv):
             return state.success
         return state.inventory.get(item, 0) >= int(m[1])
 
+    def goal_progress(self, state: TextCraftState, goal: str) -> float:
+        """1 when `goal_met`; else the share of the goal item's own plan (its bases,
+        intermediates and the item) ever held, over one more than their count, so it stays
+        under 1 until the goal is met (a base item: the share of the N held). 0 when unparsable."""
+        if self.goal_met(state, goal):
+            return 1.0
+        m = _SUBGOAL.fullmatch(" ".join(goal.split()).lower().rstrip("."))
+        if m is None:
+            return 0.0
+        item = str_to_item_id(m[2])
+        if item not in self.book.recipes:
+            return state.inventory.get(item, 0) / max(int(m[1]), 1)
+        items = self.book.plan(item).items
+        return len(items & state.obtained) / (len(items) + 1)
+
     def expert_subgoal(self, state: TextCraftState) -> str:
         """One subgoal per intermediate item, bottom-up: ``craft N item`` with N the amount its
         parents still need (held items count); last ``craft 1 <goal>``. Base items are fetched

@@ -7,9 +7,9 @@ get ``A_ik = A~_i + beta * G_ik``:
   (`advantages.session_aware_advantages`: the GRPO advantage scaled by a within-class ranking of
   session counts, ``alpha``); without it the plain GRPO advantage, copied to every session.
 - ``G_ik``, the session term (with ``session_term``): the session's marginal gain
-  (``gain_fn(rollout, session)``; default: the env progress after minus before the session, from
-  ``session.meta["progress_before"/"progress_after"]``) standardized per group and session kind
-  (`advantages.session_shaping`).
+  (``gain_fn(rollout, session)``; default `progress_gain`: a subagent's progress on its own goal,
+  any other session's progress on the task, after minus before it) standardized per group and
+  session kind (`advantages.session_shaping`).
 
 Broadcasting, the paper's baseline, is this module with both terms off. Loss, KL and the rest as
 `GRPOPolicy` (PPO-clip by default).
@@ -42,9 +42,18 @@ GainFn = Callable[[Rollout, Session], float]
 
 
 def progress_gain(rollout: Rollout, session: Session) -> float:
-    """The env's progress after the session minus before it (0 when not recorded)."""
+    """A session's marginal gain: progress after it minus before it (0 when not recorded).
+
+    A subagent is scored on the goal it was sent for (``meta["goal_progress_before/after"]``,
+    `TextEnv.goal_progress`): a subagent sent for an ingredient that it got has done its job,
+    however little that moved the whole task. Main and compaction sessions are scored on the
+    task's progress (``meta["progress_before/after"]``) over their whole span, which includes
+    the time their subagents ran: a parent's gain counts what it delegated too, and its
+    subagents' gains are standardized among subagents only (per session kind).
+    """
     meta = session.meta
-    return float(meta.get("progress_after", 0.0)) - float(meta.get("progress_before", 0.0))
+    key = "goal_progress" if "goal_progress_before" in meta else "progress"
+    return float(meta.get(f"{key}_after", 0.0)) - float(meta.get(f"{key}_before", 0.0))
 
 
 class MosaicPolicy(GRPOPolicy):
