@@ -149,6 +149,9 @@ def test_rao_policy_node_advantages_by_hand(policy):
     assert weighted == advs
     rows = RAOPolicy(policy).rollouts_to_rows([a, b])
     assert len(rows) == 4
+    # drop_zero_signal leaves out the failed child of A, whose advantage is exactly 0
+    kept = RAOPolicy(policy, lam=0.4, depth_weighting=False, drop_zero_signal=True).rollouts_to_rows([a, b])
+    assert len(kept) == 3 and all(any(x != 0 for x in row.advantages) for row in kept)
 
 
 @pytest.mark.parametrize("difficulty", ["easy", "medium", "hard"])

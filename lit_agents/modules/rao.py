@@ -44,13 +44,17 @@ class RAOPolicy(GRPOPolicy):
         propagate_root: every node's reward is the root's success.
         depth_weighting: inverse-frequency depth weights.
         loss: ``"cispo"`` (default) or ``"ppo"``.
+        drop_zero_signal: leave out the nodes whose advantage is exactly 0 (every tree of a
+            group failed, and the node and its children too): they add nothing to the gradient
+            but their tokens count in the step's token mean, so when most trees fail they shrink
+            every step. Off by default (the paper keeps them; not yet measured here).
         **kwargs: see `GRPOPolicy`.
     """
 
     def __init__(self, policy: AgentPolicy, lam: float = 0.4, propagate_root: bool = False,
-                 depth_weighting: bool = True, loss: str = "cispo", **kwargs: Any) -> None:
-        kwargs.setdefault("drop_zero_signal", False)
-        super().__init__(policy, loss=loss, **kwargs)
+                 depth_weighting: bool = True, loss: str = "cispo", drop_zero_signal: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(policy, loss=loss, drop_zero_signal=drop_zero_signal, **kwargs)
         self.lam, self.propagate_root, self.depth_weighting = lam, propagate_root, depth_weighting
 
     def node_rewards(self, rollouts: list[Rollout]) -> Tensor:
@@ -95,5 +99,8 @@ class RAOPolicy(GRPOPolicy):
         return out
 
     def rollouts_to_rows(self, rollouts: list[Rollout]) -> list[Row]:
-        return session_rows(rollouts, self.node_advantages(rollouts), self.hparams.max_row_tokens)
+        rows = session_rows(rollouts, self.node_advantages(rollouts), self.hparams.max_row_tokens)
+        if self.hparams.drop_zero_signal:
+            rows = [row for row in rows if any(a != 0.0 for a in row.advantages)]
+        return rows
 
