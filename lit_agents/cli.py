@@ -14,10 +14,15 @@ modules, environments, agents and advantage functions are chosen by ``class_path
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 import sys
 import warnings
+from collections.abc import Iterator
+from typing import Any
 
+from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -34,6 +39,41 @@ DESCRIPTION = """Train LLM agents with Lightning: Lightning's subcommands below,
 TextCraft, with a table), `multi2` (Multi2's stages and baselines), `demos` (expert episodes to
 JSONL), `eval` (held-out success of a model or adapter), `view` (rollouts as an HTML page); each
 takes --help."""
+
+
+@contextlib.contextmanager
+def _quiet_data_setup() -> Iterator[None]:
+    """Two warnings Lightning raises while it sets up every fit's and validation's data loaders,
+    dropped (every other warning still shows):
+
+    - ``isinstance(treespec, LeafSpec)`` is deprecated: Lightning's own pytree code under this
+      torch, whatever the loader;
+    - ``IterableDataset`` has ``__len__`` defined: the data modules serve their precomputed
+      batches through a sized ``IterableDataset`` (so that no sampler is injected) in the main
+      process (``num_workers=0``), where the length is exact.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)
+        warnings.filterwarnings("ignore", "Your `IterableDataset` has `__len__` defined", UserWarning)
+        yield
+
+
+class AgentsTrainer(Trainer):
+    """Lightning's `Trainer`, quiet about the data-loader warnings of `_quiet_data_setup` (the
+    trainer `AgentsCLI` builds; its arguments are Trainer's)."""
+
+    def fit(self, *args: Any, **kwargs: Any) -> None:
+        with _quiet_data_setup():
+            return super().fit(*args, **kwargs)
+
+    def validate(self, *args: Any, **kwargs: Any) -> Any:
+        with _quiet_data_setup():
+            return super().validate(*args, **kwargs)
+
+
+def _no_tip(record: logging.LogRecord) -> bool:
+    """Drops Lightning's advertisements (``💡 Tip: ... try installing litlogger``)."""
+    return not record.getMessage().startswith("💡 Tip:")
 
 
 class AgentsCLI(LightningCLI):
@@ -58,7 +98,18 @@ class AgentsCLI(LightningCLI):
                 },
             },
         )
+        kwargs.setdefault("trainer_class", AgentsTrainer)
         super().__init__(AgentModule, *args, **kwargs)
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        # Trainer() logs a tip to install litlogger through Lightning's console logger; the
+        # logger's other messages (devices found, fit stopped, resuming from) still show
+        console = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+        console.addFilter(_no_tip)
+        try:
+            return super().instantiate_trainer(**kwargs)
+        finally:
+            console.removeFilter(_no_tip)
 
     def add_arguments_to_parser(self, parser) -> None:
         # a resumable checkpoint every epoch (`last.ckpt`, written atomically), configurable

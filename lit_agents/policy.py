@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -103,6 +105,31 @@ class ChatFormat:
     def decode_completion(self, ids: list[int]) -> str:
         """The action text of a sampled completion (special tokens dropped, whitespace stripped)."""
         return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+
+@contextlib.contextmanager
+def _quiet_peft_and_bnb() -> Iterator[None]:
+    """Around peft's import, its wrapping of a model and a 4-bit load, drop two third-party
+    notices that say nothing to this library's users (everything else still shows):
+
+    - bitsandbytes, which peft and a 4-bit load import, logs on its first import on a CPU with
+      AVX512-BF16 and without the ``kernels`` package that it could not fetch a CPU 4-bit kernel
+      from the Hub; 4-bit bases run on CUDA only here (``load_in_4bit``).
+    - peft reads transformers' deprecated ``is_gradient_checkpointing`` when it wraps a model
+      (a FutureWarning about peft's code).
+    """
+    bnb_log = logging.getLogger("bitsandbytes.backends.cpu.ops")
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Failed to load CPU gemm_4bit_forward")
+
+    bnb_log.addFilter(keep)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            yield
+    finally:
+        bnb_log.removeFilter(keep)
 
 
 def _torch_dtype(dtype: str) -> torch.dtype:
@@ -232,9 +259,10 @@ class AgentPolicy(nn.Module):
                 bnb_4bit_compute_dtype=torch.bfloat16,
                 bnb_4bit_use_double_quant=True,
             )
-        return load_pretrained(
-            source, dtype=_torch_dtype(dtype), quantization_config=quantization, attn_implementation=attn
-        )
+        with _quiet_peft_and_bnb():  # a 4-bit load imports bitsandbytes
+            return load_pretrained(
+                source, dtype=_torch_dtype(dtype), quantization_config=quantization, attn_implementation=attn
+            )
 
     # ----------------------------------------------------------------------------- roles
     @property
@@ -247,7 +275,8 @@ class AgentPolicy(nn.Module):
 
     def add_role(self, role: str, trainable: bool = True) -> None:
         """Add a fresh LoRA adapter named ``role``."""
-        from peft import LoraConfig, PeftModel, get_peft_model
+        with _quiet_peft_and_bnb():
+            from peft import LoraConfig, PeftModel, get_peft_model
 
         if self.finetune != "lora":
             raise ValueError("roles need finetune='lora'")
@@ -264,14 +293,16 @@ class AgentPolicy(nn.Module):
         if isinstance(self.model, PeftModel):
             self.model.add_adapter(role, config)
         else:
-            self.model = get_peft_model(self.model, config, adapter_name=role)
+            with _quiet_peft_and_bnb():
+                self.model = get_peft_model(self.model, config, adapter_name=role)
         self._roles.append(role)
         self._set_trainable(role, trainable)
 
     def load_role(self, role: str, path: str | Path, trainable: bool = False) -> None:
         """Load a saved peft adapter as ``role`` (replacing an existing role of that name, which
         stays active if it was)."""
-        from peft import PeftModel
+        with _quiet_peft_and_bnb():
+            from peft import PeftModel
 
         path = str(path)
         if not (Path(path) / "adapter_config.json").exists():
@@ -283,7 +314,8 @@ class AgentPolicy(nn.Module):
         if isinstance(self.model, PeftModel):
             self.model.load_adapter(path, adapter_name=role, is_trainable=trainable)
         else:
-            self.model = PeftModel.from_pretrained(self.model, path, adapter_name=role, is_trainable=trainable)
+            with _quiet_peft_and_bnb():
+                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=role, is_trainable=trainable)
         self._roles.append(role)
         self._set_trainable(role, trainable)
         if was_active:  # replacing the active role: forward passes go through the loaded weights
