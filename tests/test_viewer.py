@@ -222,3 +222,16 @@ def test_page_of_multisession_rollouts_renders_in_headless_chromium(policy, text
     shot = tmp_path / "page.png"
     _chromium(page.as_uri(), tmp_path, f"--screenshot={shot}")
     assert shot.stat().st_size > 20_000
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="headless check needs /usr/bin/chromium (apt-get install chromium)")
+def test_page_shows_no_null_for_a_session_without_goal_text(tmp_path):
+    sessions = [Session(0, "main", None, 0, [_call("Goal: craft 1 acacia door.", "fork:")], meta={"goal": None}),
+                Session(1, "subagent", 0, 1, [_call("Your goal:", "done")], meta={"goal": "", "success": False})]
+    rollout = Rollout("textcraft/acacia_door", 0, sessions, meta={"reason": None, "steps": 2})
+    page = tmp_path / "page.html"
+    page.write_text(render_html([rollout]))
+    for session in (0, 1):
+        dom = _chromium(page.as_uri() + f"#r=0&s={session}", tmp_path, "--dump-dom").stdout
+        shown = re.sub(r"<script.*?</script>", "", dom, flags=re.S)  # the page's data holds JSON nulls
+        assert f"Session #{session}" in shown and "null" not in shown
