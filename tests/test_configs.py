@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -125,3 +126,44 @@ def test_the_wheel_packages_every_config_folder():
     folders = {f"lit_agents.configs.{p.name}" for p in ROOT.iterdir() if p.is_dir()}
     assert folders <= set(setup["packages"]) and "lit_agents.configs" in setup["packages"]
     assert setup["package-dir"]["lit_agents.configs"] == "configs" and "*.yaml" in setup["package-data"]["*"]
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_a_short_fit_shows_no_third_party_noise(tmp_path, recwarn):
+    """The warnings and the advertisement every run printed, which say nothing about the run, are
+    gone; Lightning's own console lines still show."""
+    console = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    records = _Records()
+    console.addHandler(records)
+    try:
+        cli = AgentsCLI(args=_short(ROOT / "quickstart_rl.yaml", tmp_path), run=False)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    finally:
+        console.removeHandler(records)
+    warned = [str(w.message) for w in recwarn]
+    for noise in ("is_gradient_checkpointing", "isinstance(treespec, LeafSpec)", "`IterableDataset` has `__len__`"):
+        assert not any(noise in message for message in warned), noise
+    assert not any("litlogger" in message for message in records.messages)
+    assert any("`Trainer.fit` stopped" in message for message in records.messages)
+
+
+def test_the_bitsandbytes_cpu_kernel_notice_is_dropped_around_peft_only(caplog):
+    from lit_agents.policy import _quiet_peft_and_bnb
+
+    notice = "Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure ..."
+    bnb = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    with caplog.at_level(logging.WARNING, logger=bnb.name):
+        with _quiet_peft_and_bnb():
+            bnb.warning(notice, "no kernels")
+            bnb.warning("another bitsandbytes warning")
+        bnb.warning(notice, "outside")
+    assert [r.getMessage()[:40] for r in caplog.records] == ["another bitsandbytes warning",
+                                                             "Failed to load CPU gemm_4bit_forward fro"]
