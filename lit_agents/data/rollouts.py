@@ -349,21 +349,23 @@ class DemonstrationDataModule(AgentDataModule):
     """Expert demonstrations on train tasks, tokenized exactly like the policy's own turns.
 
     Args:
+        env: the environment (``class_path`` in YAML).
+        agent: the agent loop that replays the demonstrations; defaults to `ReActAgent()`.
         demos: number of expert episodes (cycling through the shuffled train tasks);
             ``None`` = one per train task.
         max_tokens_per_batch: token budget of one batch (see `RolloutDataModule`).
         path: a JSONL file of text episodes (`lit_agents.data.demos`, as ``lit-agents demos``
             writes): read from it when it exists, written to it after generating otherwise.
             Bring your own demonstrations here.
+        val_tasks, val_greedy, val_chunk, seed, val_split: see `AgentDataModule`.
         noisy: fraction of the demonstrations played by an epsilon-noisy expert (agents with an
             ``expert_episode(env, task, epsilon, seed)``, e.g. `HierarchicalAgent`): offline RL
             data with something to choose between. Their failures are kept.
         epsilon: the noisy expert's chance of a random action per step.
+        packing, pack_length: see `RolloutDataModule`.
         renamed: fraction of the demonstrations replayed in a world whose entity names the env
             shuffles (`TextEnv.rename`): the policy must then read a task's names off the prompt
             instead of memorising each train task, which is what carries it to unseen tasks.
-        packing, pack_length: see `RolloutDataModule`.
-        **kwargs: see `AgentDataModule`.
     """
 
     def __init__(

@@ -19,7 +19,7 @@ Extension points for subclasses (docs/extending.md, examples/subclasses.py): `no
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -52,7 +52,7 @@ class RAOPolicy(GRPOPolicy):
     """
 
     def __init__(self, policy: AgentPolicy, lam: float = 0.4, propagate_root: bool = False,
-                 depth_weighting: bool = True, loss: str = "cispo", drop_zero_signal: bool = False,
+                 depth_weighting: bool = True, loss: Literal["cispo", "ppo"] = "cispo", drop_zero_signal: bool = False,
                  **kwargs: Any) -> None:
         super().__init__(policy, loss=loss, drop_zero_signal=drop_zero_signal, **kwargs)
         self.lam, self.propagate_root, self.depth_weighting = lam, propagate_root, depth_weighting
