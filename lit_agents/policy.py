@@ -139,7 +139,7 @@ def _torch_dtype(dtype: str) -> torch.dtype:
 
 
 def default_lora_targets(model: nn.Module) -> list[str]:
-    """All attention projections of the model, by naming convention [choice: ALGORITHMS.md]."""
+    """All attention projections of the model, by naming convention [choice: docs/algorithms.md, Multi2]."""
     names = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, nn.Linear)}
     names |= {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if type(mod).__name__ == "Conv1D"}
     for group in ATTENTION_PROJECTIONS:

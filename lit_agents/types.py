@@ -1,6 +1,6 @@
 """The one data model: a rollout is a graph of sessions, a session a list of LLM calls.
 
-Every method in the library is a view of this structure (see DESIGN.md): advantage functions
+Every method in the library is a view of this structure (docs/architecture.md, Data model): advantage functions
 read rewards off rollouts and sessions; `algorithms/collate.py` turns each append-only session
 into one training row, training on exactly the token ids that were sampled.
 """

@@ -417,7 +417,7 @@ def _outcome_rows(groups: int, size: int = 8) -> list:
 @pytest.mark.parametrize("mini_batches,update_epochs", [(1, 1), (2, 1), (3, 2)])
 def test_every_optimizer_step_holds_whole_groups_of_both_signs(tiny_config, textcraft, tmp_path, mini_batches,
                                                                   update_epochs):
-    """ALGORITHMS.md, "What one optimizer step sees": an epoch whose groups hold both outcomes never
+    """docs/algorithms.md, GRPO as built here: an epoch whose groups hold both outcomes never
     yields a step of one advantage sign, and no group is split across steps, however the
     micro-batches fall (a token budget of ~3 rows here). Steps built by sorting the epoch's rows by
     length (the old batcher) hold failures only, then successes only, and fail this."""

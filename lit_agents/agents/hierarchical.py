@@ -10,7 +10,7 @@ One backbone, one LoRA adapter per role. Per episode:
   across its steps. ``done`` (or the subgoal being met, with ``end_on_met``, or
   ``max_subgoal_steps``) returns control to the planner.
 
-Rewards (ALGORITHMS.md, Multi2): an executor step earns 1 when it completes its subgoal (checked
+Rewards (docs/algorithms.md, Multi2): an executor step earns 1 when it completes its subgoal (checked
 by ``env.goal_met``) plus the environment's reward. Each executor session records per step
 ``meta["rewards"]`` and ``meta["dones"]`` (1 on the subgoal episode's last step): the transitions
 System 2's actor-critic learns from. All live episodes are batched: each loop step runs one

@@ -1,6 +1,6 @@
 """Mosaic's multi-session loop: context compaction and subagent forking over a text env.
 
-A rollout is several sessions (ALGORITHMS.md, "Mosaic"):
+A rollout is several sessions (docs/algorithms.md, Mosaic):
 
 - **compaction** (``compaction=True``): when a session's context would pass ``context_budget``
   tokens, or the policy writes the ``compact`` action, the policy is asked for a summary (the

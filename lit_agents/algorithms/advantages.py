@@ -1,6 +1,6 @@
 """Advantage estimators: pure functions from rewards (and group ids) to advantages.
 
-A *group* is the G rollouts of one task (ALGORITHMS.md, "Baseline advantages"). Every function
+A *group* is the G rollouts of one task (docs/algorithms.md, Group baselines). Every function
 here takes flat tensors, ``rewards: [N]`` and integer ``group_ids: [N]`` (any values, any order:
 rollouts of one group need not be contiguous) and returns one advantage per element.
 
@@ -9,11 +9,11 @@ Implemented:
 - ``grpo_advantages``: ``(R_i - mean_g) / (std_g + eps)`` (GRPO, DeepSeekMath arXiv 2402.03300).
 - ``rloo_advantages``: ``R_i - mean_{j != i} R_j`` (RLOO, Ahmadian et al. arXiv 2402.14740).
 - ``zero_signal_fraction`` / ``group_has_signal``: which groups carry no learning signal.
-- Mosaic (ALGORITHMS.md, "Mosaic"): ``broadcast_advantages`` (the Broadcasting baseline: GRPO per
+- Mosaic (docs/algorithms.md, Mosaic): ``broadcast_advantages`` (the Broadcasting baseline: GRPO per
   rollout, copied to its sessions), ``session_aware_advantages`` (the outcome advantage scaled by
   a within-class ranking of session counts) and ``session_shaping`` (per-session gains
   standardized per group and session kind).
-- RAO (ALGORITHMS.md, "RAO"): ``rao_node_rewards`` (own success plus a delegation bonus from the
+- RAO (docs/algorithms.md, RAO): ``rao_node_rewards`` (own success plus a delegation bonus from the
   children's own success), ``loo_baseline`` (leave-one-out over the group's root rewards) and
   ``depth_weights`` (inverse node frequency per depth, mean 1 over training rows).
 

@@ -1,6 +1,6 @@
 """Training rows: sessions and demonstrations as token rows, and their batching.
 
-One row per context window (DESIGN.md): an append-only session becomes one ``Row`` holding
+One row per context window (docs/architecture.md, Data model): an append-only session becomes one ``Row`` holding
 exactly the sampled token ids, with ``action_mask`` True on the generated tokens, the sampler's
 log-probs and the session's advantage on those tokens. Supervised demonstrations are rows too,
 with ``action_mask`` on the target tokens. ``collate_rows`` pads rows into tensors;
@@ -327,7 +327,7 @@ def group_steps(rows: list[Row], mini_batches: int, rng: random.Random | None = 
     random order (``rng``; input order without one), then cut into ``mini_batches`` contiguous
     runs of about equal trained tokens; with fewer groups than ``mini_batches``, one group a
     step. Never sort an epoch's rows by length into steps: in agent RL failures run longer, so
-    such steps hold one advantage sign each (ALGORITHMS.md, "What one optimizer step sees").
+    such steps hold one advantage sign each (docs/algorithms.md, GRPO as built here).
 
     Args:
         rows: the epoch's rows; each ``meta`` holds ``group_id`` (rows without one form a group

@@ -1,6 +1,6 @@
 """Policy-gradient, KL and SFT losses, and memory-bounded token log-probs.
 
-Pure functions over per-token tensors (ALGORITHMS.md, "Shared policy-gradient losses"). Shapes:
+Pure functions over per-token tensors (docs/algorithms.md, Losses). Shapes:
 ``B`` rows, ``T`` tokens; index ``t`` describes token ``t`` (``collate.collate_rows`` aligns every
 tensor that way, and ``token_logprobs`` gives ``log p(token_t | tokens_<t)`` at index ``t``).
 ``mask: [B, T]`` is True on the tokens that are trained (generated tokens, SFT targets).
@@ -14,13 +14,13 @@ Implemented:
   ``eps_low=0.2``, ``eps_high=0.28``).
 - ``cispo_loss``: CISPO (MiniMax-M1, arXiv 2506.13585), RAO's choice: a REINFORCE loss weighted
   by the stop-gradient importance ratio clipped to ``[0, max_ratio]``. The paper clips only above
-  (``1 + eps_high``); the lower bound 0 here is a no-op, as in ALGORITHMS.md.
+  (``1 + eps_high``); the lower bound 0 here is a no-op (docs/algorithms.md, Losses).
 - ``kl_estimate`` / ``kl_loss``: k1, k2, k3 estimators of ``KL(pi || ref)`` with samples from pi
   (Schulman, "Approximating KL divergence", 2020).
 - ``sft_loss``: mean NLL over target tokens.
 - Multi2's System 2 actor-critic, per action (tensors ``[N]``): ``td_targets`` (terminal
   transitions included), ``expectile_loss`` (V toward Q), ``policy_anchored_weights`` (offline
-  actor) and ``awac_weights`` (online actor), as in ALGORITHMS.md.
+  actor) and ``awac_weights`` (online actor), as in docs/algorithms.md, Multi2.
 - ``token_logprobs``: log-probs of the given ids from last hidden states, in chunks under
   ``torch.utils.checkpoint``, so the ``[B, T, V]`` logits never exist whole.
 

@@ -1,6 +1,6 @@
 """Multi2's System 2: the executor trained by offline actor-critic, then online RL.
 
-ALGORITHMS.md (Multi2). Per executor action ``a_t``, last-layer hidden states with the executor
+docs/algorithms.md, Multi2. Per executor action ``a_t``, last-layer hidden states with the executor
 adapter active: ``s_t`` at the last token before the action (the end of its prompt: the state)
 and ``h_t`` at the action's last token (state and action); ``l_t`` the mean token log-prob of
 the action. Q reads ``h_t``, V reads ``s_t`` only (V on ``h_t`` would regress onto Q on the same

@@ -1,4 +1,4 @@
-"""MosaicPolicy: multi-session RL with session-aware advantages (ALGORITHMS.md, "Mosaic").
+"""MosaicPolicy: multi-session RL with session-aware advantages (docs/algorithms.md, Mosaic).
 
 A rollout is several sessions (`main`, `compaction`, `subagent`). Each session's generated tokens
 get ``A_ik = A~_i + beta * G_ik``:

@@ -1,4 +1,4 @@
-"""RAOPolicy: one shared policy trained over execution trees (ALGORITHMS.md, "RAO").
+"""RAOPolicy: one shared policy trained over execution trees (docs/algorithms.md, RAO).
 
 A rollout is a tree of sessions (nodes) from `agents.recursive.RecursiveAgent`; ``meta["success"]``
 of each session is the node's own verified success. Per node X of tree i:
