@@ -33,6 +33,7 @@ starts a fresh interpreter per REPL.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import selectors
 import shutil
@@ -48,7 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+log = logging.getLogger(__name__)
 WORKER = Path(__file__).with_name("_repl_worker.py")
+CONTAINMENTS = ("kernel", "python-only")
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 _INTERPRETER = [sys.executable, "-I", "-S", "-u", str(WORKER)]  # isolated, no site: the stdlib only
 
@@ -115,6 +118,19 @@ def _end(pid: int) -> int | None:
         return None
 
 
+class SandboxUnavailable(RuntimeError):
+    """This machine lacks a layer of the ``"kernel"`` containment: no model code is run."""
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message)
+
+
 @dataclass
 class ToolCall:
     """A tool call the code is waiting on."""
@@ -161,6 +177,14 @@ class PythonREPL:
         grace_s: how long `poll` waits for more awaitable calls before handing them over.
         spawn: ``"zygote"`` forks the worker from a warm process (fast); ``"exec"`` starts a fresh
             interpreter.
+        containment: ``"kernel"`` (the default): the worker drops its identity, and Landlock and
+            seccomp confine it (docs/sandbox.md); on a machine lacking one of these layers the
+            REPL raises `SandboxUnavailable` and runs nothing. ``"python-only"``: only the audit
+            hook and rlimits, which code that owns the interpreter escapes; chosen by name, for
+            trusted code or machines you can afford to lose.
+
+    Attributes:
+        layers: the kernel layers the current worker applied (empty under ``"python-only"``).
     """
 
     def __init__(
@@ -175,12 +199,21 @@ class PythonREPL:
         workdir: str | None = None,
         grace_s: float = 0.05,
         spawn: Literal["zygote", "exec"] = "zygote",
+        containment: Literal["kernel", "python-only"] = "kernel",
     ) -> None:
         if spawn not in ("zygote", "exec"):
             raise ValueError(f"spawn must be 'zygote' or 'exec', not {spawn!r}")
+        if containment not in CONTAINMENTS:
+            raise ValueError(f"containment must be one of {CONTAINMENTS}, not {containment!r}")
+        if containment == "python-only":
+            _warn_once("python-only", "REPL containment 'python-only' (chosen by name): model code runs with the "
+                       "trainer's identity behind an audit hook that code owning the interpreter can switch off; "
+                       "no kernel sandbox (docs/sandbox.md)")
         self.timeout_s, self.grace_s, self.spawn = timeout_s, grace_s, spawn
         self.limits = {"tools": list(tools), "async_tools": list(async_tools), "cpu_s": cpu_s,
-                       "memory_mb": memory_mb, "file_mb": file_mb, "max_output_chars": max_output_chars}
+                       "memory_mb": memory_mb, "file_mb": file_mb, "max_output_chars": max_output_chars,
+                       "containment": containment}
+        self.containment, self.layers = containment, {}
         self._own_dir = workdir is None
         self.workdir = tempfile.mkdtemp(prefix="lit_agents_repl_") if workdir is None else workdir
         self._proc: subprocess.Popen | None = None  # spawn="exec"
@@ -217,9 +250,19 @@ class PythonREPL:
             os.close(protocol_w)
             self._commands, self._protocol = os.fdopen(commands_w, "wb"), os.fdopen(protocol_r, "rb", buffering=0)
         ready = self._read(time.monotonic() + 30.0)
+        if ready is not None and ready.get("op") == "refused":
+            self._kill()
+            message = (f"the REPL sandbox lacks a layer on this machine ({ready['error']}), so no model code is run. "
+                       "To run it with the Python-level checks only (which code owning the interpreter switches off), "
+                       "choose that by name: PythonREPL(containment='python-only'), RecursiveAgent("
+                       "repl_containment='python-only'), or `repl_containment: python-only` in the agent's YAML "
+                       "(docs/sandbox.md)")
+            _warn_once(f"refused:{ready.get('layer')}", message)
+            raise SandboxUnavailable(message)
         if ready is None or ready.get("op") != "ready":
             self._kill()
             raise RuntimeError("the REPL worker did not start")
+        self.layers = ready.get("layers") or {}
 
     def _kill(self) -> int | None:
         """End the worker: its exit code (negative: the signal that ended it), if known."""
