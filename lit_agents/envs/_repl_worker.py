@@ -3,11 +3,15 @@
 Started as ``python -I -u _repl_worker.py <workdir> <limits json>`` with a cleaned environment.
 It never imports ``lit_agents`` (nothing of the trainer is loaded here). Before any model code runs
 it applies resource limits (CPU seconds, address space, file size, open files, no core dumps),
-moves into its own session and working directory, and installs an audit hook (which cannot be
-removed from Python) that refuses: processes (fork, exec, spawn, system, subprocess), signals
-(kill, killpg, pthread_kill), sockets, ctypes and other native-code loading, opening files
-outside the work directory (reads are also allowed under the Python installation, for imports),
-and listing or changing into directories outside it.
+moves into its own session and working directory, confines itself by the kernel (`_contain`:
+identity, ``no_new_privs``, Landlock, seccomp; docs/sandbox.md; limits ``containment``
+``"python-only"`` skips it, and a missing layer is answered ``{"op": "refused", "layer",
+"error"}`` instead of ``ready``), and installs an audit hook that refuses, with a clear message:
+processes (fork, exec, spawn, system, subprocess), signals (kill, killpg, pthread_kill), sockets
+but Unix ones, ctypes and other native-code loading, opening files outside the work directory
+(reads are also allowed under the Python installation, for imports), and listing or changing
+into directories outside it. The model's code can switch the hook off (it owns this
+interpreter); the kernel layers are the containment.
 
 Protocol: one JSON object per line. In (stdin): ``{"op": "exec", "code"}``, ``{"op": "result",
 "id", "value"}`` / ``{"op": "result", "id", "error"}``. Out (the real stdout, kept private):
@@ -315,8 +319,8 @@ def _contain():
     Returns {layer: description}; raises `_LayerMissing` naming the first layer this machine
     lacks."""
     layers = {}
-    _c()
     try:
+        _c()
         _seccomp_lib()
         layers["identity"] = _drop_identity()
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)

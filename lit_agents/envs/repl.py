@@ -4,9 +4,10 @@ Model code runs in a separate process (`_repl_worker.py`), never in the trainer'
 namespace per agent, captured and truncated output, a wall-clock limit (enforced here: the
 worker's process group is killed and a fresh worker started), CPU-time, memory and file-size
 limits (rlimits in the worker), its own session, a cleaned environment, a per-agent temporary
-work directory, and an audit hook that refuses processes, signals, sockets, native code and
-files or directories outside the work directory (see the worker's docstring). Every error and
-every limit breach comes back as text for the model, never as an exception in the trainer.
+work directory, the kernel sandbox below, and an audit hook that names what it refuses
+(processes, signals, sockets, native code, files or directories outside the work directory).
+Every error and every limit breach comes back as text for the model, never as an exception in
+the trainer.
 
 Tool calls cross the process boundary as messages: the code calls a stub (``craft(...)``), the
 worker sends ``call``, and whoever drives the REPL answers it. Two ways to drive it:
@@ -17,10 +18,32 @@ worker sends ``call``, and whoever drives the REPL answers it. Two ways to drive
   collect the pending ``launch_subagent`` calls of many REPLs, play the children batched, and
   answer them later (the code awaits them, concurrently with ``asyncio.gather``).
 
-Known limits: Python-level containment plus rlimits, not a kernel sandbox (no seccomp, no
-namespaces): run untrusted models on machines you can afford to lose. As root, rlimits that only
-apply to unprivileged users (process counts) do not hold; the audit hook refuses fork and spawn
-instead.
+Threat model (docs/sandbox.md): the model's code is an attacker that fully controls the
+worker's Python interpreter (it can rewrite the audit hook, load ctypes, make raw syscalls).
+Containment is therefore the kernel's, applied by the worker to itself before any model code
+runs (``containment="kernel"``, the default):
+
+=========================  ===============================================================
+layer                      stops
+=========================  ===============================================================
+identity (as root)         uid/gid 65534, no groups, no capabilities, ``no_new_privs``:
+                           signals, ptrace and ``/proc`` of root processes, regaining
+                           privileges
+filesystem (Landlock)      reads outside the interpreter, system libraries and work
+                           directory (``/etc/shadow``, ``/proc/1/environ``, the trainer's
+                           files); any write outside the work directory
+network (seccomp)          ``socket``/``connect``/``bind`` refused (a Unix ``socketpair``
+                           only, for asyncio); Landlock: no TCP, no abstract sockets outside
+processes (seccomp)        fork, clone without ``CLONE_THREAD``, exec, ptrace, signals to any
+                           other process (Landlock too), namespaces, mounts, raising rlimits,
+                           bpf, keyctl, io_uring: ``EPERM``, so the worker lives and says so
+limits (rlimits, trainer)  CPU seconds, address space, file size, open files; wall clock
+audit hook                 nothing by itself: turns ordinary mistakes into clear messages
+=========================  ===============================================================
+
+A machine lacking a layer (no Landlock or ABI < 3, no seccomp, no ``libseccomp.so.2``) gets
+`SandboxUnavailable` (logged once) and no model code runs, unless the weaker mode is chosen by
+name: ``containment="python-only"`` (audit hook and rlimits only, escapable).
 
 Workers are forked from a zygote (``spawn="zygote"``, the default): one warm process per trainer
 process, started on first use with the worker's modules loaded and nothing applied, forks a
