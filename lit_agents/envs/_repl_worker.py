@@ -171,13 +171,14 @@ def _drop_identity():
     nobody. The filesystem uid stays 0 (without any capability: only owner permission bits
     count) so that an interpreter installed where only root can traverse (pyenv under /root)
     still imports; Landlock decides what it may open. Returns the layer's description."""
-    if os.getuid() != 0:
-        return "unchanged (trainer is not root): no capabilities to drop; Landlock + seccomp contain it"
     for cap in range(64):  # the bounding set: no capability can come back through exec
         try:
             _prctl(_PR_CAPBSET_DROP, cap)
         except OSError:
-            break  # past the last capability this kernel knows
+            break  # past the last capability this kernel knows, or not allowed (not root)
+    if os.getuid() != 0:
+        _capset(0)  # a non-root trainer may still hold some (a container's): none here
+        return "the trainer's uid (not root), no capabilities; Landlock and seccomp contain it"
     os.setgroups([])
     os.setresgid(_SANDBOX_ID, _SANDBOX_ID, _SANDBOX_ID)
     _prctl(_PR_SET_KEEPCAPS, 1)
@@ -247,11 +248,12 @@ _SECCOMP_DENY = (
 )
 _SCMP_ACT_ALLOW, _SCMP_CMP_NE, _SCMP_CMP_EQ, _SCMP_CMP_MASKED_EQ = 0x7FFF0000, 1, 4, 7
 _EPERM, _ENOSYS, _CLONE_THREAD, _AF_UNIX, _SOCK_STREAM = 1, 38, 0x00010000, 1, 1
-_seccomp = None
+_seccomp = _Cmp = None
+_syscall_numbers = {}  # name -> number on this architecture (resolved once, in the zygote)
 
 
 def _seccomp_lib():
-    global _seccomp
+    global _seccomp, _Cmp
     if _seccomp is None:
         _c()
         for name in ("libseccomp.so.2", "libseccomp.so"):
@@ -268,6 +270,13 @@ def _seccomp_lib():
                                                     ctypes.c_void_p]
         _seccomp.seccomp_load.argtypes = _seccomp.seccomp_release.argtypes = [ctypes.c_void_p]
         _seccomp.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+
+        class _Cmp(ctypes.Structure):  # struct scmp_arg_cmp
+            _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
+
+        for name in (*_SECCOMP_DENY, "clone3", "clone", "kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
+                     "prlimit64", "socketpair"):
+            _syscall_numbers[name] = _seccomp.seccomp_syscall_resolve_name(name.encode())
     return _seccomp
 
 
@@ -277,20 +286,16 @@ def _seccomp_filter():
     work); clone3 (ENOSYS: glibc falls back to clone); signals to any process but this one; new
     limits through prlimit64; socketpair but for a Unix stream pair (asyncio's self-pipe)."""
     lib = _seccomp_lib()
-
-    class Cmp(ctypes.Structure):
-        _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
-
     ctx = lib.seccomp_init(_SCMP_ACT_ALLOW)
     if not ctx:
         raise _LayerMissing("processes (seccomp)", "seccomp_init failed")
     eperm, pid = 0x00050000 | _EPERM, os.getpid()
 
     def rule(name, action, *cmps):
-        nr = lib.seccomp_syscall_resolve_name(name.encode())
+        nr = _syscall_numbers[name]
         if nr < 0:
             return  # not a syscall on this architecture
-        array = (Cmp * max(len(cmps), 1))(*(Cmp(*c) for c in cmps))
+        array = (_Cmp * max(len(cmps), 1))(*(_Cmp(*c) for c in cmps))
         if lib.seccomp_rule_add_array(ctx, action, nr, len(cmps), array) < 0:
             raise _LayerMissing("processes (seccomp)", f"cannot add the rule for {name}")
 
