@@ -145,6 +145,15 @@ def test_raise_the_rlimits(repl, limit):
     assert repl.run(f"import resource\nprint(resource.getrlimit(resource.{limit}))").observation() == before
 
 
+def test_limits_are_frozen_once_set(repl):
+    """Not only the missing capability: seccomp refuses any new limit, even a lower one (which
+    needs no privilege), so raising one cannot work whatever the worker's capabilities."""
+    before = repl.run("import resource\nprint(resource.getrlimit(resource.RLIMIT_CPU))").observation()
+    escape(repl, "soft, hard = resource.getrlimit(resource.RLIMIT_CPU)\n"
+                 "resource.setrlimit(resource.RLIMIT_CPU, (soft - 1, hard))")
+    assert repl.run("import resource\nprint(resource.getrlimit(resource.RLIMIT_CPU))").observation() == before
+
+
 def test_ptrace_the_trainer(repl):
     code = (f"libc = ctypes.CDLL(None, use_errno=True)\n"
             f"if libc.ptrace(16, {os.getpid()}, 0, 0) != 0:  # PTRACE_ATTACH\n"
