@@ -92,6 +92,9 @@ class RecursiveAgent(Agent):
         repl_memory_mb: address-space limit of each node's REPL process.
         repl_spawn: how a node's REPL process starts: ``"zygote"`` (forked from a warm process,
             milliseconds) or ``"exec"`` (a fresh interpreter, about 10x slower).
+        repl_containment: ``"kernel"`` (the REPL's kernel sandbox; refuses to run on a machine
+            lacking a layer) or ``"python-only"`` (the audit hook only, chosen by name): see
+            `PythonREPL` and docs/sandbox.md.
         system_prompt: the system message; ``None`` = the env's function instructions (+ the
             subagent tool), ``""`` = none.
         show_progress: a progress bar over decode steps.
@@ -111,6 +114,7 @@ class RecursiveAgent(Agent):
         repl_timeout_s: float = 10.0,
         repl_memory_mb: int = 1024,
         repl_spawn: Literal["zygote", "exec"] = "zygote",
+        repl_containment: Literal["kernel", "python-only"] = "kernel",
         system_prompt: str | None = None,
         show_progress: bool = False,
     ) -> None:
@@ -119,6 +123,7 @@ class RecursiveAgent(Agent):
         self.recursive, self.look_first, self.max_context_tokens = recursive, look_first, max_context_tokens
         self.repl_timeout_s, self.repl_memory_mb, self.repl_spawn = repl_timeout_s, repl_memory_mb, repl_spawn
         self.system_prompt, self.show_progress = system_prompt, show_progress
+        self.repl_containment = repl_containment
 
     # ------------------------------------------------------------------ extension points
     def system_text(self, env: TextEnv) -> str:
@@ -232,7 +237,8 @@ class RecursiveAgent(Agent):
         functions = env.functions(state)
         async_tools = ["launch_subagent"] if self.recursive else []
         repl = PythonREPL(tools=list(functions), async_tools=async_tools, timeout_s=self.repl_timeout_s,
-                          memory_mb=self.repl_memory_mb, spawn=self.repl_spawn)
+                          memory_mb=self.repl_memory_mb, spawn=self.repl_spawn,
+                          containment=self.repl_containment)
         kind = "main" if parent is None else "subagent"
         session = Session(len(trees[tree]), kind, None if parent is None else parent.session.session_id, depth,
                           meta={"goal": goal, "success": False})

@@ -4,9 +4,10 @@ Model code runs in a separate process (`_repl_worker.py`), never in the trainer'
 namespace per agent, captured and truncated output, a wall-clock limit (enforced here: the
 worker's process group is killed and a fresh worker started), CPU-time, memory and file-size
 limits (rlimits in the worker), its own session, a cleaned environment, a per-agent temporary
-work directory, and an audit hook that refuses processes, signals, sockets, native code and
-files or directories outside the work directory (see the worker's docstring). Every error and
-every limit breach comes back as text for the model, never as an exception in the trainer.
+work directory, the kernel sandbox below, and an audit hook that names what it refuses
+(processes, signals, sockets, native code, files or directories outside the work directory).
+Every error and every limit breach comes back as text for the model, never as an exception in
+the trainer.
 
 Tool calls cross the process boundary as messages: the code calls a stub (``craft(...)``), the
 worker sends ``call``, and whoever drives the REPL answers it. Two ways to drive it:
@@ -17,10 +18,32 @@ worker sends ``call``, and whoever drives the REPL answers it. Two ways to drive
   collect the pending ``launch_subagent`` calls of many REPLs, play the children batched, and
   answer them later (the code awaits them, concurrently with ``asyncio.gather``).
 
-Known limits: Python-level containment plus rlimits, not a kernel sandbox (no seccomp, no
-namespaces): run untrusted models on machines you can afford to lose. As root, rlimits that only
-apply to unprivileged users (process counts) do not hold; the audit hook refuses fork and spawn
-instead.
+Threat model (docs/sandbox.md): the model's code is an attacker that fully controls the
+worker's Python interpreter (it can rewrite the audit hook, load ctypes, make raw syscalls).
+Containment is therefore the kernel's, applied by the worker to itself before any model code
+runs (``containment="kernel"``, the default):
+
+=========================  ===============================================================
+layer                      stops
+=========================  ===============================================================
+identity (as root)         uid/gid 65534, no groups, no capabilities, ``no_new_privs``:
+                           signals, ptrace and ``/proc`` of root processes, regaining
+                           privileges
+filesystem (Landlock)      reads outside the interpreter, system libraries and work
+                           directory (``/etc/shadow``, ``/proc/1/environ``, the trainer's
+                           files); any write outside the work directory
+network (seccomp)          ``socket``/``connect``/``bind`` refused (a Unix ``socketpair``
+                           only, for asyncio); Landlock: no TCP, no abstract sockets outside
+processes (seccomp)        fork, clone without ``CLONE_THREAD``, exec, ptrace, signals to any
+                           other process (Landlock too), namespaces, mounts, raising rlimits,
+                           bpf, keyctl, io_uring: ``EPERM``, so the worker lives and says so
+limits (rlimits, trainer)  CPU seconds, address space, file size, open files; wall clock
+audit hook                 nothing by itself: turns ordinary mistakes into clear messages
+=========================  ===============================================================
+
+A machine lacking a layer (no Landlock or ABI < 3, no seccomp, no ``libseccomp.so.2``) gets
+`SandboxUnavailable` (logged once) and no model code runs, unless the weaker mode is chosen by
+name: ``containment="python-only"`` (audit hook and rlimits only, escapable).
 
 Workers are forked from a zygote (``spawn="zygote"``, the default): one warm process per trainer
 process, started on first use with the worker's modules loaded and nothing applied, forks a
@@ -33,6 +56,7 @@ starts a fresh interpreter per REPL.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import selectors
 import shutil
@@ -48,7 +72,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+log = logging.getLogger(__name__)
 WORKER = Path(__file__).with_name("_repl_worker.py")
+CONTAINMENTS = ("kernel", "python-only")
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 _INTERPRETER = [sys.executable, "-I", "-S", "-u", str(WORKER)]  # isolated, no site: the stdlib only
 
@@ -115,6 +141,19 @@ def _end(pid: int) -> int | None:
         return None
 
 
+class SandboxUnavailable(RuntimeError):
+    """This machine lacks a layer of the ``"kernel"`` containment: no model code is run."""
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message)
+
+
 @dataclass
 class ToolCall:
     """A tool call the code is waiting on."""
@@ -161,6 +200,14 @@ class PythonREPL:
         grace_s: how long `poll` waits for more awaitable calls before handing them over.
         spawn: ``"zygote"`` forks the worker from a warm process (fast); ``"exec"`` starts a fresh
             interpreter.
+        containment: ``"kernel"`` (the default): the worker drops its identity, and Landlock and
+            seccomp confine it (docs/sandbox.md); on a machine lacking one of these layers the
+            REPL raises `SandboxUnavailable` and runs nothing. ``"python-only"``: only the audit
+            hook and rlimits, which code that owns the interpreter escapes; chosen by name, for
+            trusted code or machines you can afford to lose.
+
+    Attributes:
+        layers: the kernel layers the current worker applied (empty under ``"python-only"``).
     """
 
     def __init__(
@@ -175,12 +222,21 @@ class PythonREPL:
         workdir: str | None = None,
         grace_s: float = 0.05,
         spawn: Literal["zygote", "exec"] = "zygote",
+        containment: Literal["kernel", "python-only"] = "kernel",
     ) -> None:
         if spawn not in ("zygote", "exec"):
             raise ValueError(f"spawn must be 'zygote' or 'exec', not {spawn!r}")
+        if containment not in CONTAINMENTS:
+            raise ValueError(f"containment must be one of {CONTAINMENTS}, not {containment!r}")
+        if containment == "python-only":
+            _warn_once("python-only", "REPL containment 'python-only' (chosen by name): model code runs with the "
+                       "trainer's identity behind an audit hook that code owning the interpreter can switch off; "
+                       "no kernel sandbox (docs/sandbox.md)")
         self.timeout_s, self.grace_s, self.spawn = timeout_s, grace_s, spawn
         self.limits = {"tools": list(tools), "async_tools": list(async_tools), "cpu_s": cpu_s,
-                       "memory_mb": memory_mb, "file_mb": file_mb, "max_output_chars": max_output_chars}
+                       "memory_mb": memory_mb, "file_mb": file_mb, "max_output_chars": max_output_chars,
+                       "containment": containment}
+        self.containment, self.layers = containment, {}
         self._own_dir = workdir is None
         self.workdir = tempfile.mkdtemp(prefix="lit_agents_repl_") if workdir is None else workdir
         self._proc: subprocess.Popen | None = None  # spawn="exec"
@@ -217,9 +273,19 @@ class PythonREPL:
             os.close(protocol_w)
             self._commands, self._protocol = os.fdopen(commands_w, "wb"), os.fdopen(protocol_r, "rb", buffering=0)
         ready = self._read(time.monotonic() + 30.0)
+        if ready is not None and ready.get("op") == "refused":
+            self._kill()
+            message = (f"the REPL sandbox lacks a layer on this machine ({ready['error']}), so no model code is run. "
+                       "To run it with the Python-level checks only (which code owning the interpreter switches off), "
+                       "choose that by name: PythonREPL(containment='python-only'), RecursiveAgent("
+                       "repl_containment='python-only'), or `repl_containment: python-only` in the agent's YAML "
+                       "(docs/sandbox.md)")
+            _warn_once(f"refused:{ready.get('layer')}", message)
+            raise SandboxUnavailable(message)
         if ready is None or ready.get("op") != "ready":
             self._kill()
             raise RuntimeError("the REPL worker did not start")
+        self.layers = ready.get("layers") or {}
 
     def _kill(self) -> int | None:
         """End the worker: its exit code (negative: the signal that ended it), if known."""
