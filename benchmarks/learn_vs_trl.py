@@ -270,7 +270,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--group", type=int, default=8, help="G, completions per prompt")
-    parser.add_argument("--lr", type=float, default=3e-4, help="configs/quickstart_rl.yaml's")
+    parser.add_argument("--lr", type=float, default=3e-4, help="learning rate of both sides")
     parser.add_argument("--beta", type=float, default=0.0, help="KL coefficient (k3)")
     parser.add_argument("--log-every", type=int, default=1, help="steps averaged per table row")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")

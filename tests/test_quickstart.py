@@ -1,6 +1,6 @@
 """The README's main command in a short form: both stages run and the table comes out.
 
-The full run (``make quickstart``, ~12 minutes) is marked slow; CI runs the short form only.
+The full run (``make quickstart``, ~13 minutes) is marked slow; CI runs the short form only.
 ``LIT_AGENTS_SLOW=1 pytest -m slow`` runs the full one and checks the learning claim.
 """
 
@@ -59,8 +59,9 @@ def test_quickstart_short(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("LIT_AGENTS_SLOW") != "1", reason="full quick start: set LIT_AGENTS_SLOW=1")
 def test_quickstart_full_learns(tmp_path):
-    """Issue 2's claim on the held-out instances of the train goals (``val``; the unseen goal
-    items, ``test``, stay under 10%: docs/results.md)."""
+    """The claims on unseen instances of the practised goals (``val``): 20 points above the
+    untrained model after RL, and RL 5 points above SFT (seeds 0-2 gained 10-20 points; the
+    unseen goal items, ``test``, stay near 10%: docs/results.md, "RL that learns")."""
     results = main(["--config-dir", str(CONFIGS), "--out", str(tmp_path)])
     assert results["rl"]["val"] >= results["untrained"]["val"] + 0.20
-    assert results["rl"]["val"] >= results["sft"]["val"]
+    assert results["rl"]["val"] >= results["sft"]["val"] + 0.05

@@ -3,8 +3,9 @@
 Stage 1 fits ``configs/quickstart.yaml`` (the embedded default trained from scratch on
 expert demonstrations), stage 2 fits ``configs/quickstart_rl.yaml`` (GRPO with a LoRA adapter
 on the SFT model). Held-out success (greedy) is measured before training, after SFT and after RL
-on two held-out splits: unseen goal items (``test``) and unseen instances of the train goals
-(``val``: new distractors and order); printed as a table and written to ``<out>/results.json``.
+on two held-out splits: unseen goal items (``test``) and unseen instances (new distractors and
+order) of the train goals the RL stage practises (``val``: both configs name the same goals,
+``train_goals`` / ``val_goals``); printed as a table and written to ``<out>/results.json``.
 The RL stage's last training rollouts (with their advantages) and its held-out rollouts after
 training go to ``<out>/rollouts.html`` (`lit_agents.viewer`).
 
@@ -39,7 +40,7 @@ def _cli(config: Path, out: Path, name: str, seed: int, overrides: list[str]) ->
     return AgentsCLI(args=args, run=False)
 
 
-SPLITS = {"test": "unseen goal items", "val": "train goals, unseen instances"}
+SPLITS = {"test": "unseen goal items", "val": "practised goals, unseen instances"}
 
 
 def _success(cli: AgentsCLI, split: str) -> float:
