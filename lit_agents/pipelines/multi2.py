@@ -59,6 +59,10 @@ SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.enabl
 SHORT_DEMOS = ["data.init_args.demos=8"]
 SHORT_ROLLOUTS = ["data.init_args.tasks_per_epoch=2", "data.init_args.group_size=2",
                   "data.init_args.agent.init_args.max_steps=4"]
+# short held-out episodes too: a barely trained model plays every episode to its limit
+SHORT_EPISODES = {"HierarchicalAgent": ["data.init_args.agent.init_args.max_subgoals=2",
+                                        "data.init_args.agent.init_args.max_subgoal_steps=3"],
+                  "ReActAgent": ["data.init_args.agent.init_args.max_steps=4"]}
 
 
 def _stage_overrides(config: Path, overrides: list[str], short: bool) -> list[str]:
@@ -66,6 +70,8 @@ def _stage_overrides(config: Path, overrides: list[str], short: bool) -> list[st
     short-mode sizes."""
     text = config.read_text()
     mine = [*SHORT, *(SHORT_ROLLOUTS if "RolloutDataModule" in text else SHORT_DEMOS)] if short else []
+    if short:
+        mine += next((v for agent, v in SHORT_EPISODES.items() if f"agents.{agent}" in text), [])
     for item in overrides:
         stage, sep, rest = item.partition(":")
         if not sep or "=" in stage:
