@@ -285,26 +285,19 @@ def token_vocab_kl(
     if hidden.shape[:2] != ref_hidden.shape[:2] or hidden.shape[:2] != mask.shape:
         raise ValueError(f"hidden {tuple(hidden.shape)}, ref_hidden {tuple(ref_hidden.shape)} and mask "
                          f"{tuple(mask.shape)} must share [B, T]")
-    B, T, H = hidden.shape
-    keep = mask[:, 1:].reshape(-1).bool().nonzero().squeeze(-1)
-    h = hidden[:, :-1].reshape(-1, H).index_select(0, keep)
-    r = ref_hidden[:, :-1].reshape(-1, ref_hidden.shape[-1]).index_select(0, keep).detach()
+    H = hidden.shape[-1]
     ref_w = ref_lm_head_weight.detach()
     ref_b = None if ref_lm_head_bias is None else ref_lm_head_bias.detach()
 
-    def chunk(hc: Tensor, rc: Tensor) -> Tensor:
-        logp = _chunk_logits(hc, lm_head_weight, lm_head_bias, temperature).log_softmax(-1)
-        return vocab_kl(logp, _chunk_logits(rc, ref_w, ref_b, temperature).log_softmax(-1))
+    def chunk(h: Tensor, weight: Tensor, bias: Tensor | None, _targets: Tensor, temp: float) -> Tensor:
+        logp = _chunk_logits(h[:, :H], weight, bias, temp).log_softmax(-1)
+        return vocab_kl(logp, _chunk_logits(h[:, H:], ref_w, ref_b, temp).log_softmax(-1))
 
-    use_ckpt = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (hidden, lm_head_weight, lm_head_bias) if t is not None)
-    pieces = [h.new_zeros(0, dtype=torch.float32)]
-    for start in range(0, h.shape[0], chunk_size):
-        args = (h[start : start + chunk_size], r[start : start + chunk_size])
-        pieces.append(checkpoint(chunk, *args, use_reentrant=False) if use_ckpt else chunk(*args))
-    flat = torch.cat(pieces)
-    out = flat.new_zeros(B * (T - 1)).index_copy(0, keep, flat).reshape(B, T - 1)
-    return torch.cat([out.new_zeros(B, 1), out], dim=1)
+    # `_chunked` selects, chunks and checkpoints the predicting positions of one hidden tensor:
+    # both sides' states ride in it side by side (no gradient reaches the reference's half)
+    both = torch.cat([hidden, ref_hidden.detach().to(hidden.dtype)], dim=-1)
+    no_targets = torch.zeros(mask.shape, dtype=torch.long, device=mask.device)
+    return _chunked(chunk, (), both, lm_head_weight, no_targets, lm_head_bias, chunk_size, temperature, mask)
 
 
 def kl_loss(
