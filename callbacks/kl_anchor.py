@@ -127,10 +127,8 @@ class KLAnchor(Callback):
             if hasattr(head, "lora_A"):
                 raise ValueError("the exact vocabulary KL reads the reference's head as a plain linear layer; "
                                  "with LoRA on the output head use a sampled estimator (kl_estimator: k3)")
-            # swapped-in tensors go back on exit: keep a copy of the head's
+            # detached here, they keep the reference's storage after the live tensors go back
             weight, bias = head.weight.detach(), None if head.bias is None else head.bias.detach()
-            if self._tensors is not None:
-                weight, bias = weight.clone(), None if bias is None else bias.clone()
         return hidden, weight, bias
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
