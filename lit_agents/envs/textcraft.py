@@ -58,6 +58,13 @@ _INGREDIENT = re.compile(r"(\d+) (.+)")
 _SUBGOAL = re.compile(r"(?:craft|get) (\d+) (.+)")
 
 
+def _parse_subgoal(goal: str) -> tuple[int, str] | None:
+    """``craft N item`` / ``get N item`` (any case and spacing, a final period allowed) ->
+    ``(N, item id)``; None when unparsable."""
+    m = _SUBGOAL.fullmatch(" ".join(goal.split()).lower().rstrip("."))
+    return None if m is None else (int(m[1]), str_to_item_id(m[2]))
+
+
 @dataclass
 class TextCraftState:
     """One episode: ``goal`` item id, ``inventory`` (item id -> count), the ``commands`` listed,
@@ -354,13 +361,13 @@ class TextCraft(TextEnv):
     def goal_met(self, state: TextCraftState, goal: str) -> bool:
         """Subgoal language: ``craft N item`` or ``get N item``, met when at least N of the item
         are held (the task's goal item: when it was crafted). Unparsable goals are not met."""
-        m = _SUBGOAL.fullmatch(" ".join(goal.split()).lower().rstrip("."))
-        if m is None:
+        parsed = _parse_subgoal(goal)
+        if parsed is None:
             return False
-        item = str_to_item_id(m[2])
+        count, item = parsed
         if item == state.goal:
             return state.success
-        return state.inventory.get(item, 0) >= int(m[1])
+        return state.inventory.get(item, 0) >= count
 
     def goal_progress(self, state: TextCraftState, goal: str) -> float:
         """1 when `goal_met`; else the share of the goal item's own plan (its bases,
@@ -368,12 +375,12 @@ class TextCraft(TextEnv):
         under 1 until the goal is met (a base item: the share of the N held). 0 when unparsable."""
         if self.goal_met(state, goal):
             return 1.0
-        m = _SUBGOAL.fullmatch(" ".join(goal.split()).lower().rstrip("."))
-        if m is None:
+        parsed = _parse_subgoal(goal)
+        if parsed is None:
             return 0.0
-        item = str_to_item_id(m[2])
+        count, item = parsed
         if item not in self.book.recipes:
-            return state.inventory.get(item, 0) / max(int(m[1]), 1)
+            return state.inventory.get(item, 0) / max(count, 1)
         items = self.book.plan(item).items
         return len(items & state.obtained) / (len(items) + 1)
 
@@ -394,10 +401,10 @@ class TextCraft(TextEnv):
         """Get every base item the subgoal's crafts lack at once, then repeat the craft until the
         subgoal is met (``inventory`` when there is nothing it can do: met already, unparsable,
         or not in the goal's plan)."""
-        m = _SUBGOAL.fullmatch(" ".join(subgoal.split()).lower().rstrip("."))
-        if state.done or m is None or self.goal_met(state, subgoal):
+        parsed = _parse_subgoal(subgoal)
+        if state.done or parsed is None or self.goal_met(state, subgoal):
             return "inventory"
-        item, want = str_to_item_id(m[2]), int(m[1])
+        want, item = parsed
         recipe = next((r for r in self.book.plan(state.goal).crafts if r.output == item), None)
         if recipe is None:
             return f"get {want} {item_id_to_str(item)}" if self.book.gettable(item) else "inventory"
