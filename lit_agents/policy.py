@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from lit_agents.algorithms.losses import token_logprobs, token_logprobs_and_entropy
+from lit_agents.models import ModelSource, load_pretrained, resolve_model
 from lit_agents.tiny import TinyConfig, embedded_default
 
 #: Attention projections by naming convention (Llama/Qwen/Mistral, GPT-2, GPT-NeoX/Falcon).
@@ -241,8 +242,6 @@ class AgentPolicy(nn.Module):
     # ----------------------------------------------------------------------------- loading
     @staticmethod
     def _load(model: str, tiny: TinyConfig | None, dtype: str, load_in_4bit: bool, attn: str | None):
-        from lit_agents.models import ModelSource, load_pretrained, resolve_model
-
         source = ModelSource(embedded_default(tiny)) if model == "tiny" else resolve_model(model)
         quantization = None
         if load_in_4bit:

@@ -31,6 +31,10 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from lit_agents.envs.repl import LAUNCH_DOC
+from lit_agents.envs.textcraft import TextCraft
+from lit_agents.envs.textcraft_synth import TextCraftSynth
+
 PAD, END, SYSTEM, USER, ASSISTANT = "<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"
 SPECIAL_TOKENS = [PAD, END, SYSTEM, USER, ASSISTANT]
 
@@ -88,13 +92,8 @@ def default_corpus(name: str = "textcraft") -> Iterator[str]:
     ``textcraft_synth`` also the expert's REPL programs (linear and recursive) of train tasks
     of every difficulty, so that code and the subagent tool are words of the vocabulary."""
     if name == "textcraft":
-        from lit_agents.envs.textcraft import TextCraft
-
         yield from TextCraft(min_depth=1, max_depth=10).corpus()
     elif name == "textcraft_synth":
-        from lit_agents.agents.recursive import LAUNCH_DOC
-        from lit_agents.envs.textcraft_synth import TextCraftSynth
-
         yield LAUNCH_DOC + "\n```python\n```"
         for difficulty in ("easy", "medium", "hard"):
             env = TextCraftSynth(difficulty)

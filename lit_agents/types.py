@@ -1,4 +1,6 @@
-"""The one data model: a rollout is a graph of sessions, a session a list of LLM calls.
+"""The one data model: a rollout is a graph of sessions, a session a list of LLM calls; and what
+environments hand out and return (`Task`, `StepResult`) and a played text episode (`Episode`).
+The bottom layer: it imports nothing of the package.
 
 Every method in the library is a view of this structure (docs/architecture.md, Data model): advantage functions
 read rewards off rollouts and sessions; `algorithms/collate.py` turns each append-only session
@@ -8,10 +10,86 @@ into one training row, training on exactly the token ids that were sampled.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 SessionKind = Literal["main", "compaction", "subagent"]
+
+#: ``train``; ``val``: held-out instances of train tasks; ``test``: held-out tasks (e.g. unseen goals)
+Split = Literal["train", "val", "test"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task: what the agent must achieve. ``task_id`` is unique within an env and split."""
+
+    task_id: str
+    goal: str
+    seed: int = 0
+    meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass
+class StepResult:
+    """What one action did.
+
+    Attributes:
+        observation: text shown to the agent next.
+        reward: reward for this step (TextCraft: 1.0 on the step that crafts the goal).
+        done: the episode is over (solved, or the env ended it).
+        success: the task is solved.
+        info: extra data (``error`` for a malformed or failed action, ...).
+    """
+
+    observation: str
+    reward: float = 0.0
+    done: bool = False
+    success: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Episode:
+    """One played episode in text: the first observation, then (action, result) per step.
+
+    ``subgoals`` (hierarchical agents only): per step ``{"subgoal", "start", "flag"}``: the
+    subgoal the action served, whether it opened that subgoal, and the executor's done flag.
+    """
+
+    task: Task
+    observation: str
+    steps: list[tuple[str, StepResult]] = field(default_factory=list)
+    success: bool = False
+    env: str = ""
+    subgoals: list[dict[str, Any]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": asdict(self.task),
+            "observation": self.observation,
+            "steps": [
+                {"action": a, "observation": r.observation, "reward": r.reward, "done": r.done, "success": r.success,
+                 **(self.subgoals[i] if self.subgoals else {})}
+                for i, (a, r) in enumerate(self.steps)
+            ],
+            "success": self.success,
+            "env": self.env,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Episode:
+        try:
+            steps = [
+                (s["action"], StepResult(s["observation"], float(s.get("reward", 0.0)), bool(s.get("done", False)),
+                                         bool(s.get("success", False))))
+                for s in d["steps"]
+            ]
+            notes = [{k: s[k] for k in ("subgoal", "start", "flag") if k in s} for s in d["steps"]]
+            subgoals = notes if notes and all(notes) else None
+            return cls(Task(**d["task"]), d["observation"], steps, bool(d.get("success", False)), d.get("env", ""),
+                       subgoals)
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"not a demonstration episode (see lit_agents.data.demos): {err!r}") from err
 
 
 @dataclass

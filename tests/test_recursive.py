@@ -219,8 +219,7 @@ def test_tree_metrics_by_difficulty_concurrency_and_wall_clock(policy):
     env = TextCraftSynth(min_depth=2, max_depth=5)
     tasks = env.tasks("train")[:6]
     agent = RecursiveAgent(max_nodes=64, max_depth=8)
-    agent._expert_env = env  # expert trees, all six grown side by side
-    trees = agent.run(policy, env, tasks, 1)
+    trees = agent._play(policy, env, tasks, 1, greedy=True, expert=True)  # expert trees, six side by side
     stats = session_stats(trees)
     levels = sorted({t.meta["difficulty"] for t in trees})
     assert len(levels) > 1

@@ -1,21 +1,108 @@
-"""The `Agent` interface every loop implements, so data modules take any of them."""
+"""The `Agent` interface every loop implements, and the core the four loops share.
+
+The core: a `Cursor` is one live session (its calls, the tokens to prefill before its next turn,
+the engine's KV context, whether the last turn was cut off); `sample_turns` runs one batched model
+call for many cursors and records each call; `write_turn` records a turn an expert wrote;
+`reset_env` and `step_env` are the guarded env calls (an env error fails that episode only,
+with a warning, never the run). ReAct, multi-session, hierarchical and recursive loops are built
+on them, and keep every per-run thing in their own episode records, never on the agent object.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_agents.generation import GenerationEngine, SamplingParams
-from lit_agents.types import Call
+from lit_agents.types import Call, Session
 
 if TYPE_CHECKING:
-    from lit_agents.data.demos import Episode
-    from lit_agents.envs.base import Task, TextEnv
+    from lit_agents.envs.base import TextEnv
     from lit_agents.policy import AgentPolicy
-    from lit_agents.types import Rollout
+    from lit_agents.types import Episode, Rollout, StepResult, Task
+
+
+@dataclass(kw_only=True)
+class Cursor:
+    """One live session of an agent loop.
+
+    Attributes:
+        session: where its calls are recorded.
+        pending: the tokens to prefill before its next turn (a prompt or an observation).
+        pending_text: their text (``Call.prompt_text``).
+        context: the engine's context (KV cache) after the last turn; None = a fresh one.
+        cut: the last turn stopped at ``max_new_tokens`` without the end-of-turn token.
+    """
+
+    session: Session = field(default_factory=Session)
+    pending: list[int] = field(default_factory=list)
+    pending_text: str = ""
+    context: Any = None
+    cut: bool = False
+
+    def start(self, policy: AgentPolicy, system: str, text: str) -> None:
+        """Open a fresh context: the system message and the first user message ``text``."""
+        self.pending, self.pending_text, self.context, self.cut = policy.chat.start(system, text), text, None, False
+
+    def follow(self, policy: AgentPolicy, text: str) -> None:
+        """Queue ``text`` (an observation) as the next turn's prompt; a cut-off turn is closed
+        first, as the chat template would have closed it."""
+        self.pending_text = text
+        self.pending = ([policy.chat.end_id] if self.cut else []) + policy.chat.next(text)
+
+
+def sample_turns(policy: AgentPolicy, engine: GenerationEngine, cursors: Sequence[Cursor], params: SamplingParams,
+                 generator: torch.Generator, version: int = 0, role: str | None = None) -> list[str]:
+    """One batched model call: every cursor's pending tokens prefilled and one turn sampled.
+    Each turn is recorded as a `Call` in its cursor's session (``role``: default the policy's
+    active adapter); returns the decoded texts."""
+    role = role or policy.active_role or "default"
+    outs = engine.generate([c.context for c in cursors], [c.pending for c in cursors], params, generator)
+    texts = []
+    for cursor, out in zip(cursors, outs):
+        text = policy.chat.decode_completion(out.token_ids)
+        cursor.session.calls.append(Call(cursor.pending, list(out.token_ids), list(out.logprobs), role, version,
+                                         cursor.pending_text, text))
+        cursor.context = out.context
+        cursor.cut = out.finish_reason == "length"
+        texts.append(text)
+    return texts
+
+
+def write_turn(policy: AgentPolicy, cursor: Cursor, text: str, role: str | None = None) -> str:
+    """Record a turn that was written, not sampled (an expert's), as `sample_turns` records a
+    sampled one; returns ``text``."""
+    cursor.session.calls.append(written_call(policy, cursor.pending, cursor.pending_text, text, role))
+    cursor.cut = False
+    return text
+
+
+def reset_env(env: TextEnv, task: Task) -> tuple[Any, str] | Exception:
+    """``env.reset(task)``, or the error it raised (warned): that episode fails, the run goes on."""
+    try:
+        return env.reset(task)
+    except Exception as err:  # an env bug fails this episode only, never the run
+        rank_zero_warn(f"environment error resetting {task.task_id}: {err!r}")
+        return err
+
+
+def step_env(env: TextEnv, state: Any, action: str, task: Task) -> StepResult | Exception:
+    """``env.step(state, action)``, or the error it raised (warned): that episode ends."""
+    try:
+        return env.step(state, action)
+    except Exception as err:  # an env bug fails this episode only, never the run
+        rank_zero_warn(f"environment error on {task.task_id}: {err!r}")
+        return err
+
+
+def env_error_session(err: Exception, **meta: Any) -> Session:
+    """The one session of an episode whose env failed before its first turn."""
+    return Session(meta={**meta, "error": repr(err)})
 
 
 def written_call(policy: AgentPolicy, prompt_ids: list[int], prompt_text: str, text: str,

@@ -29,19 +29,18 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_warn
-
-from lit_agents.agents.base import Agent, written_call
-from lit_agents.data.demos import Episode
-from lit_agents.envs.base import StepResult, Task, TextEnv
+from lit_agents.agents.base import Agent, Cursor, env_error_session, reset_env, sample_turns, step_env, write_turn
+from lit_agents.envs.base import TextEnv
 from lit_agents.policy import AgentPolicy
-from lit_agents.types import Call, Rollout, Session
+from lit_agents.types import Call, Episode, Rollout, Session, StepResult, Task
 
 DONE, CONTINUE = "done", "continue"
 
 
-@dataclass
-class _Episode:
+@dataclass(kw_only=True)
+class _Episode(Cursor):
+    """One episode; as a cursor, its current executor session."""
+
     task: Task
     group_id: int
     state: Any
@@ -52,9 +51,6 @@ class _Episode:
     subgoal: str = ""
     previous: tuple[str, list[str], bool] | None = None  # (subgoal, its actions, met)
     actions: list[str] = field(default_factory=list)
-    pending: list[int] = field(default_factory=list)
-    pending_text: str = ""
-    context: Any = None
     steps: int = 0
     reward: float = 0.0
     success: bool = False
@@ -155,61 +151,62 @@ class HierarchicalAgent(Agent):
         episodes = []
         for i, task in enumerate(tasks):
             for _ in range(group_size):
-                state, first = env.reset(task)
-                episodes.append(_Episode(task, group_offset + i, state, first))
+                reset = reset_env(env, task)
+                if isinstance(reset, Exception):
+                    episodes.append(_Episode(task=task, group_id=group_offset + i, state=None, task_text="",
+                                             sessions=[env_error_session(reset)], done=True, reason="env_error"))
+                else:
+                    episodes.append(_Episode(task=task, group_id=group_offset + i, state=reset[0], task_text=reset[1]))
         plan_params = self.sampling(policy, self.plan_tokens, greedy=greedy, temperature=self.planner_temperature)
         act_params = self.sampling(policy, self.max_new_tokens, greedy=greedy)
         engine, generator = self.engine(policy, seed)
-        live = list(episodes)
+        live = [e for e in episodes if not e.done]
         while live:
             planners = [e for e in live if e.planning]
             if planners:
+                cursors = [self._planner_cursor(policy, e) for e in planners]
                 with _as_role(policy, self.planner_role):
-                    prompts = [self.planner_prompt(e.task_text, e.observation, e.previous) for e in planners]
-                    ids = [policy.chat.start(self.planner_system, p) for p in prompts]
-                    outs = engine.generate([None] * len(planners), ids, plan_params, generator)
-                for e, p, i, out in zip(planners, prompts, ids, outs):
-                    text = policy.chat.decode_completion(out.token_ids)
-                    self._plan(policy, e, Call(i, list(out.token_ids), list(out.logprobs), self.planner_role,
-                                               policy_version, p, text), self.parse_subgoal(text))
+                    texts = sample_turns(policy, engine, cursors, plan_params, generator, policy_version,
+                                         self.planner_role)
+                for e, cursor, text in zip(planners, cursors, texts):
+                    self._plan(policy, e, cursor.session.calls[0], self.parse_subgoal(text))
             actors = [e for e in live if not e.planning and not e.done]
             if actors:
                 with _as_role(policy, self.executor_role):
-                    outs = engine.generate([e.context for e in actors], [e.pending for e in actors], act_params,
-                                           generator)
-                for e, out in zip(actors, outs):
-                    text = policy.chat.decode_completion(out.token_ids)
-                    call = Call(e.pending, list(out.token_ids), list(out.logprobs), self.executor_role,
-                                policy_version, e.pending_text, text)
-                    e.context = out.context
+                    texts = sample_turns(policy, engine, actors, act_params, generator, policy_version,
+                                         self.executor_role)
+                for e, text in zip(actors, texts):
                     action, flag = self.parse_action(text)
-                    try:
-                        result = env.step(e.state, action)
-                    except Exception as err:  # an env bug fails this episode only
-                        rank_zero_warn(f"environment error on {e.task.task_id}: {err!r}")
+                    result = step_env(env, e.state, action, e.task)
+                    if isinstance(result, Exception):
                         e.done, e.reason, e.reward = True, "env_error", 0.0
                         continue
                     met = _goal_met(env, e.state, e.subgoal)
-                    self._act(policy, e, call, action, flag, result, met, self.max_steps or env.max_steps)
-                    if out.finish_reason == "length":
-                        e.pending = [policy.chat.end_id] + e.pending
+                    self._act(policy, e, action, flag, result, met, self.max_steps or env.max_steps)
             live = [e for e in live if not e.done]
         return [self._finish(e) for e in episodes]
+
+    def _planner_cursor(self, policy: AgentPolicy, e: _Episode) -> Cursor:
+        """A planner call's cursor: a fresh context on the task, the latest observation and the
+        previous subgoal (every planner call is its own session)."""
+        cursor = Cursor()
+        cursor.start(policy, self.planner_system, self.planner_prompt(e.task_text, e.observation, e.previous))
+        return cursor
 
     def _plan(self, policy: AgentPolicy, e: _Episode, call: Call, subgoal: str) -> None:
         """Record a planner call and open the executor session of its subgoal."""
         e.sessions.append(Session(len(e.sessions), calls=[call], meta={"role": self.planner_role, "subgoal": subgoal}))
-        e.subgoal, e.actions, e.planning, e.context = subgoal, [], False, None
-        e.pending_text = self.executor_prompt(e.task_text, e.observation, subgoal)
-        e.pending = policy.chat.start(self.executor_system, e.pending_text)
-        e.sessions.append(Session(len(e.sessions), meta={"role": self.executor_role, "subgoal": subgoal,
-                                                         "rewards": [], "dones": [], "met": False}))
+        e.subgoal, e.actions, e.planning = subgoal, [], False
+        e.start(policy, self.executor_system, self.executor_prompt(e.task_text, e.observation, subgoal))
+        e.session = Session(len(e.sessions), meta={"role": self.executor_role, "subgoal": subgoal,
+                                                   "rewards": [], "dones": [], "met": False})
+        e.sessions.append(e.session)
 
-    def _act(self, policy: AgentPolicy, e: _Episode, call: Call, action: str, flag: bool, result: StepResult,
+    def _act(self, policy: AgentPolicy, e: _Episode, action: str, flag: bool, result: StepResult,
              met: bool, max_steps: int) -> None:
-        """Record an executor step; close the subgoal (and maybe the episode) when it ends."""
-        session = e.sessions[-1]
-        session.calls.append(call)
+        """Apply an executor step (its call already recorded in the subgoal's session); close the
+        subgoal (and maybe the episode) when it ends."""
+        session = e.session
         e.actions.append(action)
         e.steps += 1
         e.reward += result.reward
@@ -229,8 +226,7 @@ class HierarchicalAgent(Agent):
         elif ends_subgoal:
             e.previous, e.planning = (e.subgoal, list(e.actions), met), True
         else:
-            e.pending_text = result.observation
-            e.pending = policy.chat.next(result.observation)
+            e.follow(policy, result.observation)
 
     @staticmethod
     def _finish(e: _Episode) -> Rollout:
@@ -269,19 +265,17 @@ class HierarchicalAgent(Agent):
         (sampler log-probs 0: they are demonstrations). Needs ``episode.subgoals``."""
         if not episode.subgoals or len(episode.subgoals) != len(episode.steps):
             raise ValueError(f"episode {episode.task.task_id} has no per-step subgoal annotations")
-        e = _Episode(episode.task, group_id, None, episode.observation)
+        e = _Episode(task=episode.task, group_id=group_id, state=None, task_text=episode.observation)
         for (action, result), note in zip(episode.steps, episode.subgoals):
             if note["start"]:
                 if e.sessions:
                     e.previous = (e.subgoal, list(e.actions), e.sessions[-1].meta["met"])
-                prompt = self.planner_prompt(e.task_text, e.observation, e.previous)
-                ids = policy.chat.start(self.planner_system, prompt)
-                call = written_call(policy, ids, prompt, note["subgoal"], self.planner_role)
-                self._plan(policy, e, call, note["subgoal"])
-            text = self.format_action(action, bool(note["flag"]))
-            call = written_call(policy, e.pending, e.pending_text, text, self.executor_role)
+                planner = self._planner_cursor(policy, e)
+                write_turn(policy, planner, note["subgoal"], self.planner_role)
+                self._plan(policy, e, planner.session.calls[0], note["subgoal"])
+            write_turn(policy, e, self.format_action(action, bool(note["flag"])), self.executor_role)
             met = bool(note.get("met", note["flag"]))
-            self._act(policy, e, call, action, bool(note["flag"]), result, met, len(episode.steps) + 1)
+            self._act(policy, e, action, bool(note["flag"]), result, met, len(episode.steps) + 1)
         e.success = episode.success
         return self._finish(e)
 

@@ -28,42 +28,41 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lit_agents.agents.base import written_call
+from lit_agents.agents.base import Cursor, env_error_session, reset_env, sample_turns, step_env, write_turn
 from lit_agents.agents.react import ReActAgent
-from lit_agents.data.demos import Episode, expert_episodes
-from lit_agents.envs.base import Task, TextEnv
+from lit_agents.envs.base import TextEnv, expert_episodes
 from lit_agents.policy import AgentPolicy
-from lit_agents.types import Call, Rollout, Session
+from lit_agents.types import Episode, Rollout, Session, Task
 
 SUMMARY_REQUEST = "Context full. Summarize your progress and what is left, in a few lines."
 COMPACT, DONE, FORK = "compact", "done", "fork:"
 
 
-@dataclass
-class _Line:
+@dataclass(kw_only=True)
+class _Line(Cursor):
     """One live session: the episode's main line (main/compaction) or a subagent."""
 
     episode: _Ep
-    session: Session
-    pending: list[int]
-    pending_text: str
     goal: str = ""
     parent: _Line | None = None
-    context: Any = None
     steps: int = 0
     summarizing: bool = False
     waiting: bool = False
     done: bool = False
-    cut: bool = False
     last_observation: str = ""
 
 
 @dataclass
 class _Ep:
+    """One episode, with everything of its run: the system message, and the env whose experts
+    write the turns when the run is an expert demonstration (None: the policy writes them)."""
+
     task: Task
     group_id: int
     state: Any
     task_text: str
+    system: str = ""
+    expert: TextEnv | None = None
     sessions: list[Session] = field(default_factory=list)
     steps: int = 0
     forks: int = 0
@@ -130,15 +129,26 @@ class MultiSessionAgent(ReActAgent):
     # ------------------------------------------------------------------ rollouts
     def run(self, policy: AgentPolicy, env: TextEnv, tasks: list[Task], group_size: int = 1, *,
             greedy: bool = False, seed: int = 0, group_offset: int = 0, policy_version: int = 0) -> list[Rollout]:
+        return self._play(policy, env, tasks, group_size, greedy=greedy, seed=seed, group_offset=group_offset,
+                          policy_version=policy_version)
+
+    def _play(self, policy: AgentPolicy, env: TextEnv, tasks: list[Task], group_size: int = 1, *,
+              greedy: bool = False, seed: int = 0, group_offset: int = 0, policy_version: int = 0,
+              expert: bool = False) -> list[Rollout]:
+        """`run`; with ``expert`` the env's experts write every turn (`expert_rollout`)."""
         episodes, lines = [], []
         system = self.system_text(env)
         for i, task in enumerate(tasks):
             for _ in range(group_size):
-                state, first = env.reset(task)
-                ep = _Ep(task, group_offset + i, state, first)
+                reset = reset_env(env, task)
+                if isinstance(reset, Exception):
+                    episodes.append(_Ep(task, group_offset + i, None, "", done=True, reason="env_error",
+                                        sessions=[env_error_session(reset, progress_before=0.0, progress_after=0.0)]))
+                    continue
+                state, first = reset
+                ep = _Ep(task, group_offset + i, state, first, system, env if expert else None)
                 episodes.append(ep)
-                lines.append(self._open(policy, env, ep, "main", system, first))
-        self._system = system
+                lines.append(self._open(policy, env, ep, "main", first))
         act = self.sampling(policy, self.max_new_tokens, greedy=greedy)
         summarize = self.sampling(policy, self.summary_tokens, greedy=greedy)
         engine, generator = self.engine(policy, seed)
@@ -155,31 +165,14 @@ class MultiSessionAgent(ReActAgent):
         return [self._rollout(env, ep) for ep in episodes]
 
     def complete(self, policy, engine, lines: list[_Line], params, generator, version: int) -> list[str]:
-        """One batched model call; records each call in its session. In expert mode
+        """One batched model call; records each call in its session. In an expert run
         (`expert_rollout`) the env's experts write the texts instead."""
-        if self._expert_env is not None:
-            return [self._record(policy, line, self.expert_text(self._expert_env, line)) for line in lines]
-        outs = engine.generate([ln.context for ln in lines], [ln.pending for ln in lines], params, generator)
-        texts = []
-        for line, out in zip(lines, outs):
-            text = policy.chat.decode_completion(out.token_ids)
-            ids = list(out.token_ids)
-            line.session.calls.append(Call(line.pending, ids, list(out.logprobs), policy.active_role or "default",
-                                           version, line.pending_text, text))
-            line.context = out.context
-            line.cut = out.finish_reason == "length"
-            texts.append(text)
-        return texts
-
-    @staticmethod
-    def _record(policy, line: _Line, text: str) -> str:
-        line.session.calls.append(written_call(policy, line.pending, line.pending_text, text))
-        line.cut = False
-        return text
+        expert = lines[0].episode.expert  # a run is all expert or all policy
+        if expert is not None:
+            return [write_turn(policy, ln, self.expert_text(expert, ln)) for ln in lines]
+        return sample_turns(policy, engine, lines, params, generator, version)
 
     # ------------------------------------------------------------------ demonstrations
-    _expert_env: TextEnv | None = None
-
     def expert_text(self, env: TextEnv, line: _Line) -> str:
         """The expert's turn in a multi-session episode: the env's summary when asked to compact;
         in a subagent, the subgoal expert's action; in the main line, with forking on, a fork for
@@ -206,11 +199,7 @@ class MultiSessionAgent(ReActAgent):
         """The env's experts playing ``task`` through this loop: compaction where the policy's
         token budget forces it (the summary is ``env.expert_summary``), forks where
         `expert_text` decides; every completion tokenized as the policy would write it."""
-        self._expert_env = env
-        try:
-            return self.run(policy, env, [task], 1, greedy=True, group_offset=group_id)[0]
-        finally:
-            self._expert_env = None
+        return self._play(policy, env, [task], 1, greedy=True, group_offset=group_id, expert=True)[0]
 
     def expert_episode(self, env: TextEnv, task: Task, epsilon: float = 0.0, seed: int = 0) -> Episode:
         """The env actions of the expert as a text episode (a record; `replay` plays the
@@ -226,7 +215,7 @@ class MultiSessionAgent(ReActAgent):
         rollouts (their compaction points and summaries are unknown)."""
         return self.expert_rollout(policy, env, episode.task, group_id)
 
-    def _open(self, policy, env, ep: _Ep, kind: str, system: str, prompt: str, parent: _Line | None = None,
+    def _open(self, policy, env, ep: _Ep, kind: str, prompt: str, parent: _Line | None = None,
               goal: str = "") -> _Line:
         session = Session(len(ep.sessions), kind, None if parent is None else parent.session.session_id,
                           0 if parent is None else parent.session.depth + 1,
@@ -234,11 +223,9 @@ class MultiSessionAgent(ReActAgent):
         if goal:
             session.meta.update(goal=goal, success=False, goal_progress_before=self._goal_progress(env, ep, goal))
         ep.sessions.append(session)
-        return _Line(ep, session, policy.chat.start(system, prompt), prompt, goal, parent)
-
-    def _next(self, policy, line: _Line, observation: str) -> None:
-        line.pending_text = observation
-        line.pending = ([policy.chat.end_id] if line.cut else []) + policy.chat.next(observation)
+        line = _Line(episode=ep, session=session, goal=goal, parent=parent)
+        line.start(policy, ep.system, prompt)
+        return line
 
     def _close(self, env, line: _Line) -> None:
         line.done = True
@@ -262,7 +249,7 @@ class MultiSessionAgent(ReActAgent):
             if len(ep.sessions) >= self.max_sessions:
                 ep.done, ep.reason = True, "max_sessions"
                 return []
-            return [self._open(policy, env, ep, "compaction", self._system, self.compaction_prompt(ep.task_text, text))]
+            return [self._open(policy, env, ep, "compaction", self.compaction_prompt(ep.task_text, text))]
         action = self.parse_action(text)
         ep.steps += 1  # every action turn counts, env action or not (refused forks cannot loop)
         line.steps += 1
@@ -274,13 +261,18 @@ class MultiSessionAgent(ReActAgent):
             return []
         if self.compaction and line.parent is None and action.lower() == COMPACT:
             line.summarizing = True
-            self._next(policy, line, SUMMARY_REQUEST)
+            line.follow(policy, SUMMARY_REQUEST)
             return []
         if line.parent is not None and action.lower() == DONE:
             return self._end_subagent(policy, env, line, "the subagent said it is done")
         if self.forking and line.parent is None and action.lower().startswith(FORK):
             return self._fork(policy, env, line, action[len(FORK):].strip())
-        result = env.step(ep.state, action)
+        result = step_env(env, ep.state, action, ep.task)
+        if isinstance(result, Exception):
+            for other in [line] + ([line.parent] if line.parent else []):
+                self._close(env, other)
+            ep.done, ep.reason, ep.reward = True, "env_error", 0.0
+            return []
         ep.reward += result.reward
         ep.success = ep.success or result.success
         line.last_observation = result.observation
@@ -299,11 +291,11 @@ class MultiSessionAgent(ReActAgent):
     def _next_or_compact(self, policy, line: _Line, observation: str) -> None:
         """Append ``observation``; on the main line, if the context would pass the budget, ask
         for the summary with it instead."""
-        self._next(policy, line, observation)
+        line.follow(policy, observation)
         tokens = line.session.num_tokens + len(line.pending)
         if self.compaction and line.parent is None and self.should_compact(tokens):
             line.summarizing = True
-            self._next(policy, line, f"{observation}\n{SUMMARY_REQUEST}")
+            line.follow(policy, f"{observation}\n{SUMMARY_REQUEST}")
 
     def _met(self, env, line: _Line) -> bool:
         try:
@@ -315,12 +307,12 @@ class MultiSessionAgent(ReActAgent):
         ep = line.episode
         if not goal or ep.forks >= self.max_forks or len(ep.sessions) >= self.max_sessions:
             why = "no goal given" if not goal else "fork limit reached"
-            self._next(policy, line, f"Fork refused: {why}.")
+            line.follow(policy, f"Fork refused: {why}.")
             return []
         ep.forks += 1
         line.waiting = True
         prompt = self.subagent_prompt(ep.task_text, goal, line.last_observation)
-        return [self._open(policy, env, ep, "subagent", self._system, prompt, parent=line, goal=goal)]
+        return [self._open(policy, env, ep, "subagent", prompt, parent=line, goal=goal)]
 
     def _end_subagent(self, policy, env, line: _Line, last: str) -> list[_Line]:
         met = self._met(env, line)
@@ -335,9 +327,10 @@ class MultiSessionAgent(ReActAgent):
     @staticmethod
     def _rollout(env, ep: _Ep) -> Rollout:
         for s in ep.sessions:
-            s.meta.setdefault("progress_after", float(env.progress(ep.state)))
-            if "goal" in s.meta:
-                s.meta.setdefault("goal_progress_after", MultiSessionAgent._goal_progress(env, ep, s.meta["goal"]))
+            if "progress_after" not in s.meta:
+                s.meta["progress_after"] = float(env.progress(ep.state))
+            if "goal" in s.meta and "goal_progress_after" not in s.meta:
+                s.meta["goal_progress_after"] = MultiSessionAgent._goal_progress(env, ep, s.meta["goal"])
         kinds = [s.kind for s in ep.sessions]
         return Rollout(ep.task.task_id, ep.group_id, ep.sessions, ep.reward, ep.success,
                        {"steps": ep.steps, "reason": ep.reason or "max_steps", "sessions": len(ep.sessions),

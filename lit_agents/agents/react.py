@@ -14,30 +14,22 @@ demonstration writes) and `system_text` (the system message that explains the fo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_warn
 from tqdm.auto import tqdm
 
-from lit_agents.agents.base import Agent, written_call
-from lit_agents.envs.base import StepResult, Task, TextEnv
+from lit_agents.agents.base import Agent, Cursor, env_error_session, reset_env, sample_turns, step_env, write_turn
+from lit_agents.envs.base import TextEnv, expert_episodes
 from lit_agents.policy import AgentPolicy
-from lit_agents.types import Call, Rollout, Session
-
-if TYPE_CHECKING:
-    from lit_agents.data.demos import Episode
+from lit_agents.types import Episode, Rollout, StepResult, Task
 
 
-@dataclass
-class _Episode:
+@dataclass(kw_only=True)
+class _Episode(Cursor):
     task: Task
     group_id: int
-    state: Any
-    pending: list[int]
-    pending_text: str
-    session: Session = field(default_factory=Session)
-    context: Any = None
+    state: Any = None
     steps: int = 0
     reward: float = 0.0
     success: bool = False
@@ -116,13 +108,12 @@ class ReActAgent(Agent):
         ]
         params = self.sampling(policy, self.max_new_tokens, greedy=greedy)
         engine, generator = self.engine(policy, seed)
-        role = policy.active_role or "default"
         live = [e for e in episodes if not e.done]
         bar = tqdm(desc="turns", unit="turn", disable=not self.show_progress)
         while live:
-            completions = engine.generate([e.context for e in live], [e.pending for e in live], params, generator)
-            for episode, completion in zip(live, completions):
-                self._advance(policy, env, episode, completion, role, policy_version)
+            texts = sample_turns(policy, engine, live, params, generator, policy_version)
+            for episode, text in zip(live, texts):
+                self._advance(policy, env, episode, text)
             live = [e for e in live if not e.done]
             bar.set_postfix(live=f"{len(live)}/{len(episodes)}", success=sum(e.success for e in episodes), refresh=False)
             bar.update(1)
@@ -130,54 +121,32 @@ class ReActAgent(Agent):
         return [self._finish(e) for e in episodes]
 
     def _start(self, policy: AgentPolicy, env: TextEnv, task: Task, group_id: int) -> _Episode:
-        try:
-            state, observation = env.reset(task)
-        except Exception as err:  # an env bug fails this episode only, never the run
-            rank_zero_warn(f"environment error resetting {task.task_id}: {err!r}")
-            episode = _Episode(task, group_id, None, [], "", done=True, reason="env_error")
-            episode.session.meta["error"] = repr(err)
-            return episode
-        system = self.system_text(env)
+        reset = reset_env(env, task)
+        if isinstance(reset, Exception):
+            return _Episode(task=task, group_id=group_id, session=env_error_session(reset), done=True,
+                            reason="env_error")
+        state, observation = reset
         budget = self.context_limit(policy, self.max_context_tokens) - self.max_new_tokens
-        prompt = self.fit_prompt(policy.chat.start(system, observation), budget)
-        episode = _Episode(task, group_id, state, prompt, observation)
+        episode = _Episode(task=task, group_id=group_id, state=state, pending_text=observation,
+                           pending=self.fit_prompt(policy.chat.start(self.system_text(env), observation), budget))
         episode.session.meta.update(progress=[float(env.progress(state))], errors=[])
         return episode
 
-    def _advance(self, policy, env: TextEnv, episode: _Episode, completion, role: str, version: int) -> None:
-        text = policy.chat.decode_completion(completion.token_ids)
-        episode.session.calls.append(
-            Call(
-                prompt_ids=episode.pending,
-                completion_ids=list(completion.token_ids),
-                logprobs=list(completion.logprobs),
-                role=role,
-                policy_version=version,
-                prompt_text=episode.pending_text,
-                completion_text=text,
-            )
-        )
-        episode.context = completion.context
+    def _advance(self, policy: AgentPolicy, env: TextEnv, episode: _Episode, text: str) -> None:
+        """Apply the turn just recorded: step the env, then queue the observation or end."""
         episode.steps += 1
-        try:
-            result = env.step(episode.state, self.parse_action(text))
-        except Exception as err:  # an env bug fails this episode only, never the run
-            rank_zero_warn(f"environment error on {episode.task.task_id}: {err!r}")
+        result = step_env(env, episode.state, self.parse_action(text), episode.task)
+        if isinstance(result, Exception):
             episode.done, episode.reason, episode.reward = True, "env_error", 0.0
             return
         episode.reward += result.reward
         episode.success = episode.success or result.success
         episode.session.meta["progress"].append(1.0 if episode.success else float(env.progress(episode.state)))
         episode.session.meta["errors"].append(bool(result.info.get("error")))
-        max_steps = self.max_steps or env.max_steps
-        observation = self.observation_text(result)
-        episode.pending = policy.chat.next(observation)
-        if completion.finish_reason == "length":  # close the unfinished turn as the template would
-            episode.pending = [policy.chat.end_id] + episode.pending
-        episode.pending_text = observation
+        episode.follow(policy, self.observation_text(result))
         if result.done or episode.success:
             episode.done, episode.reason = True, "success" if episode.success else "done"
-        elif episode.steps >= max_steps:
+        elif episode.steps >= (self.max_steps or env.max_steps):
             episode.done, episode.reason = True, "max_steps"
         elif episode.session.num_tokens + len(episode.pending) + self.max_new_tokens > self.context_limit(
             policy, self.max_context_tokens
@@ -198,25 +167,22 @@ class ReActAgent(Agent):
     # ------------------------------------------------------------------ demonstrations
     def expert_rollout(self, policy: AgentPolicy, env: TextEnv, task: Task, group_id: int = 0) -> Rollout:
         """The env's expert playing ``task``, tokenized exactly as the policy's own turns are."""
-        from lit_agents.data.demos import expert_episodes  # data imports agents
-
         (episode,) = expert_episodes(env, [task])
         return self.replay(policy, env, episode, group_id)
 
     def replay(self, policy: AgentPolicy, env: TextEnv, episode: Episode, group_id: int = 0) -> Rollout:
         """A recorded text episode (a demonstration) tokenized as the policy's own turns would be:
         the same system prompt, chat format and observation text as `run`."""
-        pending, pending_text = policy.chat.start(self.system_text(env), episode.observation), episode.observation
-        session, reward, role = Session(), 0.0, policy.active_role or "default"
+        cursor, reward = Cursor(), 0.0
+        cursor.start(policy, self.system_text(env), episode.observation)
         for action, result in episode.steps:
-            session.calls.append(written_call(policy, pending, pending_text, self.format_action(action), role))
+            write_turn(policy, cursor, self.format_action(action))
             reward += result.reward
-            pending_text = self.observation_text(result)
-            pending = policy.chat.next(pending_text)
+            cursor.follow(policy, self.observation_text(result))
         return Rollout(
             task_id=episode.task.task_id,
             group_id=group_id,
-            sessions=[session],
+            sessions=[cursor.session],
             reward=reward,
             success=episode.success,
             meta={"steps": len(episode.steps), "reason": "success" if episode.success else "max_steps"},

@@ -30,36 +30,30 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from lit_agents.agents.base import Agent, written_call
-from lit_agents.envs.base import Task, TextEnv
-from lit_agents.envs.repl import PythonREPL, ReplResult, ToolCall
+from lit_agents.agents.base import Agent, Cursor, env_error_session, reset_env, sample_turns, write_turn
+from lit_agents.envs.base import TextEnv, expert_episodes
+from lit_agents.envs.repl import LAUNCH_DOC, PythonREPL, ReplResult, ToolCall
 from lit_agents.policy import AgentPolicy
-from lit_agents.types import Call, Rollout, Session
+from lit_agents.types import Rollout, Session, Task
 
-LAUNCH_DOC = (
-    "await launch_subagent(goal) -> str runs a subagent (this same model, a fresh context) on a "
-    "sub-goal in the goal language, sharing your inventory, and returns its final answer; start "
-    "several at once with asyncio.gather. "
-)
 _ROOM_STEP = 16  # a turn's room in the context window, in steps of this many tokens
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
 
-@dataclass
-class _Node:
+@dataclass(kw_only=True)
+class _Node(Cursor):
+    """One node of a tree; as a cursor, its session. ``expert``: the env whose expert writes the
+    node's code in a demonstration (None: the policy writes it)."""
+
     tree: int
     goal: str
     state: Any
     depth: int
-    session: Session
     repl: PythonREPL
     functions: dict[str, Any]
     parent: _Node | None = None
     parent_call: int | None = None
-    pending: list[int] = field(default_factory=list)
-    pending_text: str = ""
-    pending_end: bool = False
-    context: Any = None
+    expert: TextEnv | None = None
     tokens: int = 0  # the node's context so far: prompts, observations, completions
     steps: int = 0
     done: bool = False
@@ -159,17 +153,27 @@ class RecursiveAgent(Agent):
         policy_version: int = 0,
     ) -> list[Rollout]:
         """Grow ``group_size`` trees per task; one rollout per tree, its nodes as sessions."""
+        return self._play(policy, env, tasks, group_size, greedy=greedy, seed=seed, group_offset=group_offset,
+                          policy_version=policy_version)
+
+    def _play(self, policy: AgentPolicy, env: TextEnv, tasks: list[Task], group_size: int = 1, *,
+              greedy: bool = False, seed: int = 0, group_offset: int = 0, policy_version: int = 0,
+              expert: bool = False) -> list[Rollout]:
+        """`run`; with ``expert`` the env's expert writes every node's code (`expert_rollout`)."""
         for needed in ("functions", "fork", "intro"):
             if not hasattr(env, needed):
                 raise TypeError(f"RecursiveAgent needs an env with `{needed}` (e.g. TextCraftSynth), not {type(env).__name__}")
         trees: list[list[_Node]] = []
-        meta: list[tuple[Task, int]] = []
+        meta: list[tuple[Task, int, Exception | None]] = []
         for i, task in enumerate(tasks):
             for _ in range(group_size):
-                state, _ = env.reset(task)
+                reset = reset_env(env, task)
+                failed = reset if isinstance(reset, Exception) else None
                 trees.append([])
-                meta.append((task, group_offset + i))
-                self._new_node(policy, env, trees, len(trees) - 1, task.goal, state, 0, None, None)
+                meta.append((task, group_offset + i, failed))
+                if failed is None:
+                    self._new_node(policy, env, trees, len(trees) - 1, task.goal, reset[0], 0, None, None,
+                                   env if expert else None)
         params = self.sampling(policy, self.max_new_tokens, greedy=greedy)
         engine, generator = self.engine(policy, seed)
         started = time.perf_counter()
@@ -190,50 +194,40 @@ class RecursiveAgent(Agent):
                     node.repl.submit(self.extract_code(text))
                     self._drive(policy, env, trees, node)
                 for t, tree in enumerate(trees):
-                    if tree[0].done and not seconds[t]:
+                    if tree and tree[0].done and not seconds[t]:
                         seconds[t] = time.perf_counter() - started
         finally:
             for tree in trees:
                 for node in tree:
                     node.repl.close()
         end = time.perf_counter() - started
-        return [self._rollout(tree, task, group, seconds[t] or end, concurrency[t])
-                for t, (tree, (task, group)) in enumerate(zip(trees, meta))]
+        return [self._rollout(tree, task, group, seconds[t] or end, concurrency[t]) if failed is None
+                else self._failed_rollout(task, group, failed) for t, (tree, (task, group, failed)) in enumerate(zip(trees, meta))]
 
     def complete(self, policy, engine, nodes: list[_Node], params, generator, version: int) -> list[str]:
-        """One batched model call for ``nodes``; records each call in its node's session. In
-        expert mode (`expert_rollout`) the env's expert writes the code instead."""
-        if self._expert_env is not None:
-            texts = []
+        """One batched model call for ``nodes`` (one engine call per room left in their context
+        windows: all but a few have ``max_new_tokens``); records each call in its node's
+        session. In an expert tree (`expert_rollout`) the env's expert writes the code instead."""
+        expert = nodes[0].expert  # a run is all expert or all policy
+        if expert is not None:
             for node in nodes:
-                text = f"```python\n{self.expert_code(self._expert_env, node)}```"
-                node.session.calls.append(call := written_call(policy, node.pending, node.pending_text, text))
-                node.tokens += len(node.pending) + len(call.completion_ids)
-                node.pending_end = False
-                texts.append(text)
-            return texts
-        outs: list[Any] = [None] * len(nodes)
-        by_room: dict[int, list[int]] = {}  # one engine call per room (all but a few: max_new_tokens)
-        for i, node in enumerate(nodes):
-            by_room.setdefault(self._room(node), []).append(i)
-        for room, index in by_room.items():
-            batch = [nodes[i] for i in index]
-            done = engine.generate([n.context for n in batch], [n.pending for n in batch],
-                                   dataclasses.replace(params, max_new_tokens=room), generator)
-            for i, out in zip(index, done):
-                outs[i] = out
+                write_turn(policy, node, f"```python\n{self.expert_code(expert, node)}```")
+        else:
+            by_room: dict[int, list[_Node]] = {}
+            for node in nodes:
+                by_room.setdefault(self._room(node), []).append(node)
+            for room, batch in by_room.items():
+                sample_turns(policy, engine, batch, dataclasses.replace(params, max_new_tokens=room), generator,
+                             version)
         texts = []
-        for node, out in zip(nodes, outs):
-            text = policy.chat.decode_completion(out.token_ids)
-            node.session.calls.append(Call(node.pending, list(out.token_ids), list(out.logprobs),
-                                           policy.active_role or "default", version, node.pending_text, text))
-            node.context = out.context
-            node.tokens += len(node.pending) + len(out.token_ids)
-            node.pending_end = out.finish_reason == "length"
-            texts.append(text)
+        for node in nodes:
+            call = node.session.calls[-1]
+            node.tokens += len(call.prompt_ids) + len(call.completion_ids)
+            texts.append(call.completion_text)
         return texts
 
-    def _new_node(self, policy, env, trees, tree: int, goal: str, state, depth: int, parent, call_id) -> _Node:
+    def _new_node(self, policy, env, trees, tree: int, goal: str, state, depth: int, parent, call_id,
+                  expert: TextEnv | None) -> _Node:
         functions = env.functions(state)
         async_tools = ["launch_subagent"] if self.recursive else []
         repl = PythonREPL(tools=list(functions), async_tools=async_tools, timeout_s=self.repl_timeout_s,
@@ -242,9 +236,9 @@ class RecursiveAgent(Agent):
         kind = "main" if parent is None else "subagent"
         session = Session(len(trees[tree]), kind, None if parent is None else parent.session.session_id, depth,
                           meta={"goal": goal, "success": False})
-        node = _Node(tree, goal, state, depth, session, repl, functions, parent, call_id)
-        node.pending_text = self.node_prompt(env, state, depth)
-        node.pending = policy.chat.start(self.system_text(env), node.pending_text)
+        node = _Node(session=session, tree=tree, goal=goal, state=state, depth=depth, repl=repl, functions=functions,
+                     parent=parent, parent_call=call_id, expert=expert)
+        node.start(policy, self.system_text(env), self.node_prompt(env, state, depth))
         trees[tree].append(node)
         return node
 
@@ -288,7 +282,8 @@ class RecursiveAgent(Agent):
         except Exception as err:
             node.repl.respond(call.call_id, error=f"{type(err).__name__}: {err}")
             return
-        child = self._new_node(policy, env, trees, node.tree, goal, state, node.depth + 1, node, call.call_id)
+        child = self._new_node(policy, env, trees, node.tree, goal, state, node.depth + 1, node, call.call_id,
+                               node.expert)
         node.waiting[call.call_id] = child
 
     def _room(self, node: _Node) -> int:
@@ -307,8 +302,7 @@ class RecursiveAgent(Agent):
         elif node.steps >= self.max_steps:
             self._end(policy, env, trees, node, f"stopped after {node.steps} turns without finishing", "max_steps")
         else:
-            node.pending_text = observation
-            node.pending = ([policy.chat.end_id] if node.pending_end else []) + policy.chat.next(observation)
+            node.follow(policy, observation)
 
     def _end(self, policy, env, trees, node: _Node, answer: str, reason: str) -> None:
         """Close the node; its answer goes back to its parent's code, which resumes."""
@@ -333,9 +327,16 @@ class RecursiveAgent(Agent):
             meta["difficulty"] = task.meta["depth"]
         return Rollout(task.task_id, group, [n.session for n in tree], float(success), success, meta)
 
-    # ------------------------------------------------------------------ demonstrations
-    _expert_env: TextEnv | None = None
+    @staticmethod
+    def _failed_rollout(task: Task, group: int, err: Exception) -> Rollout:
+        """A tree whose env failed to reset: one empty root session, no reward."""
+        session = env_error_session(err, goal=task.goal, success=False, steps=0, answer="")
+        meta = {"steps": 0, "nodes": 1, "depth": 0, "reason": "env_error", "seconds": 0.0, "concurrency": 1}
+        if "depth" in task.meta:
+            meta["difficulty"] = task.meta["depth"]
+        return Rollout(task.task_id, group, [session], 0.0, False, meta)
 
+    # ------------------------------------------------------------------ demonstrations
     def expert_code(self, env: TextEnv, node: _Node) -> str:
         """The code an expert node writes: with ``launch_subagent`` the env's recursive program
         (subagents for missing crafted ingredients), else (the linear baseline) its flat one;
@@ -349,16 +350,10 @@ class RecursiveAgent(Agent):
     def expert_rollout(self, policy: AgentPolicy, env: TextEnv, task: Task, group_id: int = 0) -> Rollout:
         """The expert's execution tree for ``task``: every node's code by `expert_code`, run in
         the sandboxed REPLs like a live tree and tokenized as the policy would write it."""
-        self._expert_env = env
-        try:
-            return self.run(policy, env, [task], 1, greedy=True, group_offset=group_id)[0]
-        finally:
-            self._expert_env = None
+        return self._play(policy, env, [task], 1, greedy=True, group_offset=group_id, expert=True)[0]
 
     def expert_episode(self, env: TextEnv, task: Task, epsilon: float = 0.0, seed: int = 0):
         """The expert's text actions as an episode (a record: `replay` grows the tree again)."""
-        from lit_agents.data.demos import expert_episodes
-
         if epsilon:
             raise ValueError("noisy recursive demonstrations are not supported")
         return next(iter(expert_episodes(env, [task])))

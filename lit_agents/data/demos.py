@@ -18,64 +18,13 @@ writing this format.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
-from lit_agents.envs.base import Split, StepResult, Task, TextEnv, play_expert
+from lit_agents.envs.base import Split, TextEnv, expert_episodes
+from lit_agents.types import Episode
 
-
-@dataclass
-class Episode:
-    """One played episode in text: the first observation, then (action, result) per step.
-
-    ``subgoals`` (hierarchical agents only): per step ``{"subgoal", "start", "flag"}``: the
-    subgoal the action served, whether it opened that subgoal, and the executor's done flag.
-    """
-
-    task: Task
-    observation: str
-    steps: list[tuple[str, StepResult]] = field(default_factory=list)
-    success: bool = False
-    env: str = ""
-    subgoals: list[dict[str, Any]] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "task": asdict(self.task),
-            "observation": self.observation,
-            "steps": [
-                {"action": a, "observation": r.observation, "reward": r.reward, "done": r.done, "success": r.success,
-                 **(self.subgoals[i] if self.subgoals else {})}
-                for i, (a, r) in enumerate(self.steps)
-            ],
-            "success": self.success,
-            "env": self.env,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Episode:
-        try:
-            steps = [
-                (s["action"], StepResult(s["observation"], float(s.get("reward", 0.0)), bool(s.get("done", False)),
-                                         bool(s.get("success", False))))
-                for s in d["steps"]
-            ]
-            notes = [{k: s[k] for k in ("subgoal", "start", "flag") if k in s} for s in d["steps"]]
-            subgoals = notes if notes and all(notes) else None
-            return cls(Task(**d["task"]), d["observation"], steps, bool(d.get("success", False)), d.get("env", ""),
-                       subgoals)
-        except (KeyError, TypeError) as err:
-            raise ValueError(f"not a demonstration episode (see lit_agents.data.demos): {err!r}") from err
-
-
-def expert_episodes(env: TextEnv, tasks: Iterable[Task]) -> Iterator[Episode]:
-    """The env's expert on each task."""
-    name = f"{type(env).__module__}.{type(env).__qualname__}"
-    for task in tasks:
-        first, steps, success = play_expert(env, task)
-        yield Episode(task, first, steps, success, name)
+__all__ = ["Episode", "expert_episodes", "read_episodes", "write_episodes"]
 
 
 def write_episodes(episodes: Iterable[Episode], path: str | Path) -> int:

@@ -9,45 +9,12 @@ state (RAO), and keeps a run's environment trivially picklable.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
-if TYPE_CHECKING:
-    from lit_agents.data.demos import Episode
+from lit_agents.types import Episode, Split, StepResult, Task
 
-#: ``train``; ``val``: held-out instances of train tasks; ``test``: held-out tasks (e.g. unseen goals)
-Split = Literal["train", "val", "test"]
-
-
-@dataclass(frozen=True)
-class Task:
-    """One task: what the agent must achieve. ``task_id`` is unique within an env and split."""
-
-    task_id: str
-    goal: str
-    seed: int = 0
-    meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
-
-
-@dataclass
-class StepResult:
-    """What one action did.
-
-    Attributes:
-        observation: text shown to the agent next.
-        reward: reward for this step (TextCraft: 1.0 on the step that crafts the goal).
-        done: the episode is over (solved, or the env ended it).
-        success: the task is solved.
-        info: extra data (``error`` for a malformed or failed action, ...).
-    """
-
-    observation: str
-    reward: float = 0.0
-    done: bool = False
-    success: bool = False
-    info: dict[str, Any] = field(default_factory=dict)
-
+__all__ = ["Episode", "Split", "StepResult", "Task", "TextEnv", "expert_episodes", "play_expert"]
 
 class TextEnv(ABC):
     """A text environment: tasks, episodes as explicit states, an expert, a progress score.
@@ -146,3 +113,11 @@ def play_expert(
         if result.done:
             return first, steps, result.success
     return first, steps, False
+
+
+def expert_episodes(env: TextEnv, tasks: Iterable[Task]) -> Iterator[Episode]:
+    """The env's expert on each task."""
+    name = f"{type(env).__module__}.{type(env).__qualname__}"
+    for task in tasks:
+        first, steps, success = play_expert(env, task)
+        yield Episode(task, first, steps, success, name)

@@ -72,6 +72,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+#: how a node's system message describes the async tool ``launch_subagent`` (`RecursiveAgent`)
+LAUNCH_DOC = (
+    "await launch_subagent(goal) -> str runs a subagent (this same model, a fresh context) on a "
+    "sub-goal in the goal language, sharing your inventory, and returns its final answer; start "
+    "several at once with asyncio.gather. "
+)
+
 log = logging.getLogger(__name__)
 WORKER = Path(__file__).with_name("_repl_worker.py")
 CONTAINMENTS = ("kernel", "python-only")

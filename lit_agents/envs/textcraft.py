@@ -35,17 +35,14 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from lit_agents.envs.base import Split, StepResult, Task, TextEnv
+from lit_agents.envs.base import Episode, Split, StepResult, Task, TextEnv
 from lit_agents.envs.recipes import (
     item_id_to_str,
     load_recipes,
     str_to_item_id,
 )
-
-if TYPE_CHECKING:
-    from lit_agents.data.demos import Episode
 
 TEST_SEED_OFFSET = 10_000
 VAL_SEED_OFFSET = 2 * TEST_SEED_OFFSET
@@ -428,8 +425,6 @@ class TextCraft(TextEnv):
         that world, and imitating it takes reading the goal's recipe off the prompt: memorising
         which recipe each goal has does not help. Compact observations only (a full listing's tag
         inputs like ``planks`` would lose which items they accept)."""
-        from lit_agents.data.demos import Episode
-
         if not self.compact:
             raise ValueError("TextCraft.rename needs compact=True (tag inputs do not survive renaming)")
         names = {episode.task.goal}
