@@ -22,10 +22,10 @@ from lit_agents.generation import (
     GenerationEngine,
     KVContext,
     SamplingParams,
-    _inverse_cdf,
     decode_attention,
     sample_from_logits,
 )
+from lit_agents.generation.sampling import _inverse_cdf
 
 VOCAB = 97
 PAD = 0

@@ -1,115 +1,19 @@
-"""The rollout engine: batched, KV-cached, token-in/token-out sampling for many agent sessions.
-
-Agent loops step many episodes in lock-step. Each turn every live session appends its new tokens
-(an environment observation plus chat markup) and samples a completion. `GenerationEngine` is
-stateless: each session's key/value cache lives in an opaque `KVContext` handle that the caller
-passes back to continue the session, so only the new tokens are ever prefilled.
-
-How a call works:
-
-1. Every session's cache is dense on its own (per layer ``[1, kv_heads, T_i, head_dim]``, true
-   positions ``0..T_i-1``). For a batch, caches are left-padded to the longest and stacked; the new
-   tokens are left-padded within their chunk, so every row's last column is a real token. A 2D
-   attention mask (0 on pads) and explicit ``position_ids`` (true positions) make the padding
-   invisible: RoPE and learned absolute positions see the same numbers as an unpadded pass.
-2. The chunk is prefilled (``logits_to_keep=1``), then all unfinished rows decode step by step
-   into a cache buffer sized for the whole call (no concatenation per step). A finished row is
-   fed a masked pad until ``compact_fraction`` of the batch has finished, then the batch is
-   compacted with ``index_select``; both keep the other rows exact.
-3. Afterwards each row's real columns are gathered back into a dense per-session cache (one
-   gather per layer for the whole batch). The last sampled token is not in the cache yet: the
-   handle keeps it as ``pending_ids`` and the next call feeds it ahead of the new tokens.
-
-On a GPU, decode steps run on fixed shapes instead (``decode="cuda_graph"``, the default there):
-each step attends over the whole cache buffer under a ``[b, 1, 1, capacity]`` mask and writes its
-key/value at a column held on the device, so the step (model call and sampling) is captured once
-as a CUDA graph and replayed for every token; ``compile=True`` also compiles the model call.
-
-Sampling uses one uniform number per session per step (inverse-CDF sampling), drawn for the whole
-original batch every step, so a seeded ``torch.Generator`` gives identical results run to run and
-the random stream does not depend on which rows have already finished.
-
-Limitations: attention-only decoders whose cache is a list of key/value tensors (Llama, Qwen2,
-Mistral, GPT-2, ...); not recurrent/linear-attention hybrids. Sliding-window layers are exact only
-while the padded batch fits in the window (checked: longer batches raise a ``ValueError``).
-"""
+"""`GenerationEngine`: batched, KV-cached, token-in/token-out sampling (see the package's doc)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
-import inspect
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformers import AttentionInterface, AttentionMaskInterface, DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers import DynamicCache
 
-
-@dataclass
-class SamplingParams:
-    """How to sample one completion per session.
-
-    Attributes:
-        temperature: softmax temperature; 0 means greedy decoding.
-        top_p: nucleus sampling: keep the smallest set of most likely tokens whose probability
-            mass reaches ``top_p``, renormalized (1.0 keeps everything).
-        max_new_tokens: at most this many tokens per completion (``finish_reason="length"``).
-        stop_token_ids: stop after sampling any of these; the stop token is kept in the completion.
-        stop_strings: stop once the decoded completion contains any of these (needs the engine's
-            tokenizer). The completion ends with the token that completed the string, so text after
-            the string inside that same token is kept; strings spanning prompt and completion are
-            not detected.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-    stop_token_ids: tuple[int, ...] = ()
-    stop_strings: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if any(not s for s in self.stop_strings):
-            raise ValueError("stop_strings must not contain an empty string")
-
-
-@dataclass(frozen=True, eq=False)
-class KVContext:
-    """Opaque handle to one session's state; pass it back to `GenerationEngine.generate`.
-
-    The tensors are never modified in place (every call builds new ones), so handles can share
-    them: `GenerationEngine.fork` is free.
-
-    Attributes:
-        keys: per layer ``[1, kv_heads, T, head_dim]``, true positions ``0..T-1``.
-        values: per layer, same shapes as ``keys``.
-        pending_ids: tokens of the session not yet in the cache (the last sampled token).
-    """
-
-    keys: tuple[Tensor, ...]
-    values: tuple[Tensor, ...]
-    pending_ids: tuple[int, ...] = ()
-
-    @property
-    def num_cached(self) -> int:
-        """Tokens held in the cache."""
-        return self.keys[0].shape[-2] if self.keys else 0
-
-    @property
-    def num_tokens(self) -> int:
-        """Length of the session so far (cached plus pending tokens)."""
-        return self.num_cached + len(self.pending_ids)
+from lit_agents.generation.hf_patches import _decode_attention, _uncompiled_modules, forward_arguments
+from lit_agents.generation.kv_cache import KVContext, _BufferLayer, _extract_contexts, _left_pad_caches
+from lit_agents.generation.sampling import SamplingParams, _StopStrings, sample_from_logits
 
 
 @dataclass
@@ -131,88 +35,6 @@ class Completion:
     context: KVContext
 
 
-def sample_from_logits(
-    logits: Tensor, temperature: float, top_p: float, uniform: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    """Sample one token per row by inverse-CDF sampling; return the tokens and their log-probs.
-
-    Without top-p the CDF is walked in two levels (blocks of the vocabulary, then tokens inside
-    the chosen block) and only a row's max and sum are reduced for the log-prob, never a
-    full-vocabulary log-softmax or cumsum: on an H200 at batch 256 over 151,936 tokens, the
-    one-level scan alone took 0.31 ms a step. The same distribution, walked in the same token
-    order.
-
-    Args:
-        logits: ``[B, V]`` next-token logits (any float dtype; computed in float32).
-        temperature: 0 for greedy (log-probs then at temperature 1), else the softmax temperature.
-        top_p: nucleus mass in (0, 1]; the kept tokens are renormalized.
-        uniform: ``[B]`` numbers in [0, 1), one per row (unused when greedy).
-
-    Returns:
-        tokens ``[B]`` (long) and logprobs ``[B]`` (float32) under the sampled-from distribution.
-    """
-    x = logits.float()
-    if temperature == 0:
-        tokens = x.argmax(-1)
-        return tokens, x.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(x, -1)
-    assert uniform is not None, "sampling needs uniform numbers"
-    if temperature != 1.0:
-        x = x / temperature
-    if top_p < 1.0:
-        logp, order = torch.log_softmax(x, -1).sort(-1, descending=True)
-        probs = logp.exp()
-        # drop a token when the mass strictly before it already reaches top_p (the top token stays)
-        drop = (probs.cumsum(-1) - probs) >= top_p
-        logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), -1)
-        cdf = logp.exp().cumsum(-1)
-        total = cdf[:, -1:]
-        # strictly below the total, so the searched bin always has positive probability
-        target = torch.minimum(uniform.to(cdf)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-        idx = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
-        return order.gather(-1, idx).squeeze(-1), logp.gather(-1, idx).squeeze(-1)
-    top = x.amax(-1, keepdim=True)
-    weights = torch.exp(x - top)  # unnormalized probabilities, the largest 1
-    idx, total = _inverse_cdf(weights, uniform.to(weights))
-    return idx, x.gather(-1, idx[:, None]).squeeze(-1) - top.squeeze(-1) - total.log()
-
-
-def _inverse_cdf(weights: Tensor, uniform: Tensor, block: int = 128) -> tuple[Tensor, Tensor]:
-    """``[B]`` token indices ``i`` with ``cdf[i-1] <= u * total < cdf[i]`` over non-negative
-    ``[B, V]`` weights, and each row's total ``[B]``; the chosen token always has positive weight.
-
-    Two levels: the cumulative sum of block sums finds the block, a cumsum over its ``block``
-    weights the token (``V / block + block`` scanned entries a row instead of ``V``)."""
-    b, v = weights.shape
-    pad = -v % block
-    blocks = (torch.nn.functional.pad(weights, (0, pad)) if pad else weights).view(b, -1, block)
-    block_cdf = blocks.sum(-1).cumsum(-1)  # [B, V / block]
-    total = block_cdf[:, -1:]
-    # strictly below the total, so the searched block and token have positive weight
-    target = torch.minimum(uniform[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-    j = torch.searchsorted(block_cdf, target, right=True).clamp_(max=block_cdf.shape[-1] - 1)  # [B, 1]
-    before = torch.where(j > 0, block_cdf.gather(-1, (j - 1).clamp(min=0)), torch.zeros_like(target))
-    inner = blocks.gather(1, j[:, :, None].expand(b, 1, block)).squeeze(1).cumsum(-1)  # [B, block]
-    last = inner[:, -1:]
-    rest = torch.minimum((target - before).clamp(min=0), torch.nextafter(last, torch.zeros_like(last)))
-    i = torch.searchsorted(inner, rest, right=True).clamp_(max=block - 1)
-    return (j * block + i).squeeze(-1), total.squeeze(-1)
-
-
-class _StopStrings:
-    """Detects stop strings by decoding the tail of each completion after every step."""
-
-    def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...]) -> None:
-        if tokenizer is None:
-            raise ValueError("stop_strings need a tokenizer: pass one to GenerationEngine")
-        self.tokenizer = tokenizer
-        self.stop_strings = stop_strings
-        # a token yields at least one byte and a character at most four bytes
-        self.window = 4 * max(len(s) for s in stop_strings) + 4
-
-    def hit(self, ids: list[int]) -> bool:
-        text = self.tokenizer.decode(ids[-self.window :], skip_special_tokens=False)
-        return any(s in text for s in self.stop_strings)
-
 
 @dataclass
 class _Batch:
@@ -224,183 +46,14 @@ class _Batch:
     rows: Tensor  # [b] session index of each batch row
     live: Tensor  # [b] bool, still sampling
 
-
-class _BufferLayer(DynamicLayer):
-    """A cache layer written into a buffer sized for the whole call: no concatenation per step.
-
-    ``keys``/``values`` are views of the filled part, ``[b, kv_heads, filled, head_dim]``; the
-    buffer past it is uninitialized and never read.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        super().__init__()
-        self.capacity, self.filled = capacity, 0
-        self.write_at: Tensor | None = None  # static mode: ``[1]`` column to write, read on the device
-
-    def make_static(self, write_at: Tensor) -> None:
-        """Static mode (for CUDA graphs): ``update`` writes one column at ``write_at`` and returns
-        the whole buffer, so shapes and addresses stay fixed; the caller advances ``filled``."""
-        self._buf_k[..., self.filled :, :].zero_()  # read under a mask: must be finite (0 * nan = nan)
-        self._buf_v[..., self.filled :, :].zero_()
-        self.write_at = write_at
-
-    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
-        super().lazy_initialization(key_states, value_states)
-        b, _, _, dim = key_states.shape
-        self._buf_k = key_states.new_empty(b, key_states.shape[1], self.capacity, dim)
-        self._buf_v = value_states.new_empty(b, value_states.shape[1], self.capacity, value_states.shape[-1])
-
-    def _refresh(self) -> None:
-        self.keys = self._buf_k[..., : self.filled, :]
-        self.values = self._buf_v[..., : self.filled, :]
-
-    def fill_rows(
-        self, keys: list[Tensor | None], values: list[Tensor | None], width: int, at: tuple[Tensor, Tensor]
-    ) -> None:
-        """Write per-session ``[1, kv_heads, T_i, head_dim]`` caches right-aligned in ``width``
-        columns; ``at`` = (batch row, column) of each written position, session by session."""
-        ref = next(i for i, k in enumerate(keys) if k is not None)
-        b = len(keys)
-        self.lazy_initialization(keys[ref].expand(b, -1, -1, -1), values[ref].expand(b, -1, -1, -1))
-        for buf, parts in ((self._buf_k, keys), (self._buf_v, values)):
-            buf[:, :, :width].zero_()  # pads must be finite: masked weights are 0, and 0 * nan = nan
-            # one copy for the whole batch: [sum T_i, kv_heads, head_dim] into the rows' columns
-            buf[at[0], :, at[1]] = torch.cat([p[0].transpose(0, 1) for p in parts if p is not None])
-        self.filled = width
-        self._refresh()
-
-    def update(
-        self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[Tensor, Tensor]:
-        if self.write_at is not None:
-            self._buf_k.index_copy_(2, self.write_at, key_states)
-            self._buf_v.index_copy_(2, self.write_at, value_states)
-            return self._buf_k, self._buf_v
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        n = key_states.shape[-2]
-        if self.filled + n > self.capacity:
-            raise RuntimeError(f"cache buffer overflow ({self.filled} + {n} > {self.capacity})")
-        self._buf_k[..., self.filled : self.filled + n, :] = key_states
-        self._buf_v[..., self.filled : self.filled + n, :] = value_states
-        self.filled += n
-        self._refresh()
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.filled
-
-    def batch_select_indices(self, indices: Tensor) -> None:
-        if self.is_initialized:
-            self._buf_k = self._buf_k.index_select(0, indices)
-            self._buf_v = self._buf_v.index_select(0, indices)
-            self._refresh()
-
-
-def _left_pad_caches(contexts: list[KVContext | None], width: int, capacity: int) -> DynamicCache:
-    """Stack per-session caches into one batch cache, right-aligned in ``width`` columns.
-
-    The cache has room for ``capacity`` columns in all (prefill and decode included).
-    """
-    cache = DynamicCache()
-    cache.layer_class_to_replicate = functools.partial(_BufferLayer, capacity)
-    if width == 0:
-        return cache
-    live = [c if c is not None and c.num_cached > 0 else None for c in contexts]
-    num_layers = len(next(c for c in live if c is not None).keys)
-    device = next(c for c in live if c is not None).keys[0].device
-    rows = [i for i, c in enumerate(live) if c is not None for _ in range(c.num_cached)]
-    cols = [col for c in live if c is not None for col in range(width - c.num_cached, width)]
-    at = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
-    for layer_idx in range(num_layers):
-        layer = _BufferLayer(capacity)
-        layer.fill_rows(
-            [c.keys[layer_idx] if c is not None else None for c in live],
-            [c.values[layer_idx] if c is not None else None for c in live],
-            width,
-            at,
-        )
-        cache.layers.append(layer)
-    return cache
-
-
-def _extract_contexts(cache: DynamicCache, index: Tensor, mask: Tensor, pending: list[int]) -> list[KVContext]:
-    """Gather the real columns of batch rows ``index`` into dense single-session handles.
-
-    One gather per layer for all rows (``mask``: ``[k, S]`` bool, the real columns of those
-    ``k`` rows); each handle's tensors are views of it, ``[1, kv_heads, T_i, head_dim]``.
-    """
-    row, col = mask.nonzero(as_tuple=True)  # row by row, columns in order
-    row = index[row]
-    lengths = mask.sum(1).tolist()
-
-    def split(buf: Tensor) -> list[Tensor]:
-        return [p.transpose(0, 1).unsqueeze(0) for p in buf[row, :, col].split(lengths)]
-
-    keys = [split(layer.keys) for layer in cache.layers]
-    values = [split(layer.values) for layer in cache.layers]
-    return [KVContext(keys=tuple(k[i] for k in keys), values=tuple(v[i] for v in values), pending_ids=(last,))
-            for i, last in enumerate(pending)]
-
-
-@contextlib.contextmanager
-def _uncompiled_modules(model: torch.nn.Module) -> Iterator[None]:
-    """Call modules compiled in place (``module.compile()``) uncompiled for a while."""
-    compiled = [(m, m._compiled_call_impl) for m in model.modules() if getattr(m, "_compiled_call_impl", None)]
-    for m, _ in compiled:
-        m._compiled_call_impl = None
-    try:
-        yield
-    finally:
-        for m, impl in compiled:
-            m._compiled_call_impl = impl
-
-
-DECODE_ATTENTION = "lit_decode_sdpa"
-
-
-def decode_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                     attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                     **kwargs: Any) -> tuple[Tensor, None]:
-    """Attention of the engine's model calls (registered as ``lit_decode_sdpa``): transformers'
-    sdpa, except that with grouped KV heads and a mask shared by all heads the ``n`` query tokens
-    of a row attend with their queries packed as ``[b, kv_heads, groups * n, d]`` against the
-    cache as it is, never a ``repeat_kv`` copy of it. transformers packs only single-token queries
-    outside ``torch.compile``: compiled, a decode step copied the whole KV cache once per layer
-    (packing made the compiled step 1.4-1.8x faster on an H200), and every prefill of a turn
-    copied the batch's cache (7% of a 5-turn CPU rollout)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    groups = getattr(module, "num_key_value_groups", 1)
-    n = query.shape[2]
-    shared_mask = attention_mask.shape[1] == 1 if attention_mask is not None else n == 1
-    if groups == 1 or not shared_mask or kwargs.get("position_bias") is not None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    b, heads, _, dim = query.shape
-    if n > 1:  # query rows ordered (group, position) within each KV head: the mask repeats per group
-        attention_mask = attention_mask.repeat(1, 1, groups, 1)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query.reshape(b, heads // groups, groups * n, dim), key, value, attn_mask=attention_mask, scale=scaling)
-    return out.reshape(b, heads, n, value.shape[-1]).transpose(1, 2).contiguous(), None
-
-
-AttentionInterface.register(DECODE_ATTENTION, decode_attention)
-AttentionMaskInterface.register(DECODE_ATTENTION, AttentionMaskInterface._global_mapping["sdpa"])
-
-
-@contextlib.contextmanager
-def _decode_attention(model: torch.nn.Module) -> Iterator[None]:
-    """Models on sdpa attention use `decode_attention` inside the block (`GenerationEngine.generate`)."""
-    config = getattr(model.get_base_model() if hasattr(model, "get_base_model") else model, "config", None)
-    if config is None or config._attn_implementation != "sdpa":
-        yield
-        return
-    config._attn_implementation = DECODE_ATTENTION
-    try:
-        yield
-    finally:
-        config._attn_implementation = "sdpa"
+    def select(self, index: Tensor, rows: Tensor) -> None:
+        """Keep batch rows ``index``, in that order (a repeated index copies a row); ``rows``:
+        the session of each kept row."""
+        self.cache.batch_select_indices(index)
+        self.mask = self.mask.index_select(0, index)
+        self.next_pos = self.next_pos.index_select(0, index)
+        self.live = self.live.index_select(0, index)
+        self.rows = rows
 
 
 def _model_forward(engine: GenerationEngine, cache: DynamicCache, ids: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
@@ -551,10 +204,7 @@ class GenerationEngine:
         self.compact_fraction = compact_fraction
         self.share_prefill = share_prefill
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        params = inspect.signature(base.forward).parameters
-        # transformers 5.x names the cache argument `cache`, older versions `past_key_values`
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        self._logits_to_keep = "logits_to_keep" in params
+        self._cache_kwarg, self._logits_to_keep = forward_arguments(base)
         config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
         layer_types = getattr(config, "layer_types", None) or []
         sliding = "sliding_attention" in layer_types
@@ -635,11 +285,7 @@ class GenerationEngine:
     @staticmethod
     def _expand(batch: _Batch, index: Tensor) -> None:
         """Copy batch rows: row ``i`` of the result is row ``index[i]`` before, session ``i``."""
-        batch.cache.batch_select_indices(index)
-        batch.mask = batch.mask.index_select(0, index)
-        batch.next_pos = batch.next_pos.index_select(0, index)
-        batch.live = batch.live.index_select(0, index)
-        batch.rows = torch.arange(len(index), device=index.device)
+        batch.select(index, torch.arange(len(index), device=index.device))
 
     def _forward(self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: DynamicCache) -> Tensor:
         """One model call on ``[b, n]`` ids; returns the last position's logits ``[b, V]``."""
@@ -765,11 +411,7 @@ class GenerationEngine:
             return None
         self._extract_rows(batch, ~batch.live, tokens, n_gen, done)
         keep = batch.live.nonzero().squeeze(-1)
-        batch.cache.batch_select_indices(keep)
-        batch.mask = batch.mask.index_select(0, keep)
-        batch.next_pos = batch.next_pos.index_select(0, keep)
-        batch.rows = batch.rows.index_select(0, keep)
-        batch.live = batch.live.index_select(0, keep)
+        batch.select(keep, batch.rows.index_select(0, keep))
         return keep
 
     @staticmethod
