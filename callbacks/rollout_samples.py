@@ -18,6 +18,7 @@ from __future__ import annotations
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from lit_agents.modules.base import training_rollouts
 from lit_agents.types import Rollout, Session
 from lit_agents.viewer import KIND_COLORS, OTHER_COLOR, edges, layout, node_label
 
@@ -145,7 +146,7 @@ class RolloutSamples(Callback):
         if not trainer.is_global_zero or trainer.current_epoch % self.every_n_epochs:
             return
         writers = [logger.experiment for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
-        rollouts = getattr(getattr(trainer, "datamodule", None), "last_rollouts", None) or []
+        rollouts = training_rollouts(pl_module)
         picked = pick_samples(rollouts, self.samples)
         if not writers or not picked:
             return

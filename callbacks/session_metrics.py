@@ -13,6 +13,7 @@ from collections import Counter
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from lit_agents.modules.base import training_rollouts
 from lit_agents.types import Rollout
 
 
@@ -95,7 +96,7 @@ class SessionMetrics(Callback):
     rather than reduced key by key)."""
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        rollouts = getattr(trainer.datamodule, "last_rollouts", None) or []
+        rollouts = training_rollouts(pl_module)
         stats = session_stats(rollouts) if rollouts else {}
         if trainer.world_size > 1:
             parts: list = [None] * trainer.world_size

@@ -268,6 +268,18 @@ def test_grpo_log_probs_use_the_agents_temperature(tiny_config, textcraft, tmp_p
     _trainer(tmp_path).fit(module, datamodule=data)
     assert module.temperature == 0.7
     assert GRPOPolicy(AgentPolicy(tiny=tiny_config, lora_r=4), temperature=0.5).temperature == 0.5
+    assert module.data_module is data  # the one link (`connect_data`), made by the data module's setup
+
+
+def test_a_module_refuses_packed_rows_when_connected_before_playing(tiny_config, textcraft, tmp_path):
+    class Padded(GRPOPolicy):
+        supports_packing = False
+
+    data = RolloutDataModule(textcraft, ReActAgent(max_new_tokens=4, max_steps=1), tasks_per_epoch=1, group_size=2,
+                             val_tasks=0, packing=True)
+    with pytest.raises(ValueError, match="padded rows only"):
+        _trainer(tmp_path).fit(Padded(AgentPolicy(tiny=tiny_config, lora_r=4)), datamodule=data)
+    assert data.last_rollouts == []  # refused at setup, before an epoch was played
 
 
 def test_packed_and_padded_epochs_train_the_same_tokens(tiny_config, textcraft, tmp_path):

@@ -22,6 +22,7 @@ from lit_agents.callbacks.rollout_samples import clip, pick_samples, rollout_mar
 from lit_agents.cli import main as cli
 from lit_agents.data import RolloutDataModule
 from lit_agents.modules import GRPOPolicy, MosaicPolicy
+from lit_agents.modules.base import AgentModule, training_rollouts
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Call, Rollout, Session
 from lit_agents.viewer import edges, layout, read_rollouts, render_html
@@ -159,9 +160,11 @@ def test_samples_pick_the_largest_rollout_then_the_other_outcome():
 
 
 def test_samples_skip_quietly_without_a_tensorboard_logger(tmp_path):
-    trainer = SimpleNamespace(is_global_zero=True, current_epoch=0, global_step=0, loggers=[CSVLogger(tmp_path)],
-                              datamodule=SimpleNamespace(last_rollouts=[_tree()]))
-    RolloutSamples().on_train_epoch_start(trainer, None)
+    trainer = SimpleNamespace(is_global_zero=True, current_epoch=0, global_step=0, loggers=[CSVLogger(tmp_path)])
+    module = AgentModule.__new__(AgentModule)  # a module fed one rollout (no policy needed here)
+    object.__setattr__(module, "data_module", SimpleNamespace(last_rollouts=[_tree()]))
+    assert training_rollouts(module)
+    RolloutSamples().on_train_epoch_start(trainer, module)
     assert not list(tmp_path.rglob("events.out.tfevents*"))
 
 

@@ -142,6 +142,13 @@ class AgentDataModule(LightningDataModule):
         self.val_chunk = val_chunk
         self.seed = seed
         self.save_rollouts = save_rollouts
+        #: the last epoch's training rollouts and the seconds they took to play (online RL)
+        self.last_rollouts: list[Rollout] = []
+        self.last_rollout_seconds = 0.0
+
+    def setup(self, stage: str) -> None:
+        """Connect to the module this data feeds (`AgentModule.connect_data`)."""
+        self.trainer.lightning_module.connect_data(self)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -201,9 +208,6 @@ class AgentDataModule(LightningDataModule):
         together, or with ``packing`` rows put end to end (`collate.packs_by_tokens`)."""
         if not self.packing:
             return batches_by_tokens(rows, self.max_tokens_per_batch)
-        module = self.trainer.lightning_module
-        if not getattr(module, "supports_packing", True):
-            raise ValueError(f"{type(module).__name__} trains on padded rows only: set data packing: false")
         return packs_by_tokens(rows, self.max_tokens_per_batch, self.pack_length)
 
     def _loader(self, steps: list[list[list]], k: int | None = None) -> DataLoader:
@@ -296,8 +300,6 @@ class RolloutDataModule(AgentDataModule):
         self.max_tokens_per_batch = max_tokens_per_batch
         self.update_epochs = update_epochs
         self.split = split
-        self.last_rollouts: list[Rollout] = []
-        self.last_rollout_seconds = 0.0
 
     def epoch_tasks(self, epoch: int) -> list[Task]:
         """This rank's tasks for ``epoch``: a seeded pass through the shuffled train split."""
@@ -315,6 +317,7 @@ class RolloutDataModule(AgentDataModule):
         return picked[rank::world]
 
     def setup(self, stage: str) -> None:
+        super().setup(stage)
         accumulate = self.trainer.accumulate_grad_batches
         if stage == "fit" and accumulate not in (1, self._accumulate):
             raise ValueError(
@@ -443,6 +446,7 @@ class DemonstrationDataModule(AgentDataModule):
                 for i, t in enumerate(tasks)]
 
     def setup(self, stage: str) -> None:
+        super().setup(stage)
         if stage == "fit" and not self.rows:
             rollouts = self.rank_share(self.demonstrations())
             self.rows = self.trainer.lightning_module.demonstration_rows(rollouts)

@@ -47,6 +47,7 @@ from lit_agents.algorithms.losses import (
     token_logprobs,
     token_vocab_kl,
 )
+from lit_agents.data.demos import read_episodes
 from lit_agents.modules.base import AgentModule
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Rollout
@@ -170,9 +171,7 @@ class System2ActorCritic(AgentModule):
 
     def seed_buffer(self, path: str) -> None:
         """The successful executor episodes of a demonstrations file (newest last, capped)."""
-        from lit_agents.data.demos import read_episodes
-
-        dm = self.trainer.datamodule
+        dm = self.data_module or self.trainer.datamodule
         rollouts = [dm.agent.replay(self.policy, dm.env, e, i) for i, e in enumerate(read_episodes(path))]
         rows = [r for r in transition_rows(rollouts, self.role) if r.meta["met"]]
         self.buffer = rows[-self.hparams.buffer_capacity :]

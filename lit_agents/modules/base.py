@@ -29,6 +29,7 @@ from torchmetrics import MeanMetric
 
 from lit_agents.algorithms.advantages import zero_signal_fraction
 from lit_agents.algorithms.collate import Row, session_rows
+from lit_agents.data.rollouts import AgentDataModule
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Rollout
 
@@ -42,6 +43,13 @@ def import_callable(fn: Callable | str) -> Callable:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as err:
         raise ValueError(f"cannot import the function {fn!r}: {err}") from err
+
+
+def training_rollouts(module: LightningModule) -> list[Rollout]:
+    """The rollouts of the epoch just played for ``module`` ([] unless it is an `AgentModule`
+    fed by online rollouts)."""
+    data = module.data_module if isinstance(module, AgentModule) else None
+    return data.last_rollouts if data is not None else []
 
 
 class AgentModule(LightningModule):
@@ -58,6 +66,8 @@ class AgentModule(LightningModule):
 
     #: whether the data module may pack rows end to end (`collate.collate_packed`) for this module
     supports_packing = True
+    #: the data module feeding this module (`connect_data`); None outside a fit
+    data_module: AgentDataModule | None = None
 
     def __init__(
         self,
@@ -80,6 +90,15 @@ class AgentModule(LightningModule):
         )
 
     # ------------------------------------------------------------------ data-module hooks
+    def connect_data(self, data: AgentDataModule) -> None:
+        """The one link between a data module and the module it feeds, called by the data
+        module's `setup`: the module keeps it (its agent's sampling temperature, its env, each
+        epoch's rollouts) and refuses what it cannot train on. Override to check more (call
+        ``super()``)."""
+        if data.packing and not self.supports_packing:
+            raise ValueError(f"{type(self).__name__} trains on padded rows only: set data packing: false")
+        self.data_module = data
+
     def rollouts_to_rows(self, rollouts: list[Rollout]):
         """Advantages + collate: called by `RolloutDataModule` with each epoch's rollouts."""
         raise NotImplementedError(f"{type(self).__name__} does not train on rollouts")
@@ -111,11 +130,10 @@ class AgentModule(LightningModule):
 
     # ------------------------------------------------------------------ rollout metrics
     def on_train_epoch_start(self) -> None:
-        dm = self.trainer.datamodule
-        rollouts: list[Rollout] = getattr(dm, "last_rollouts", [])
+        rollouts = training_rollouts(self)
         if not rollouts:
             return
-        seconds = max(getattr(dm, "last_rollout_seconds", 0.0), 1e-9)
+        seconds = max(self.data_module.last_rollout_seconds, 1e-9)
         rewards = torch.tensor([r.reward for r in rollouts])
         groups = torch.tensor([r.group_id for r in rollouts])
         generated = sum(r.num_generated for r in rollouts)

@@ -110,8 +110,7 @@ class GRPOPolicy(AgentModule):
         """The temperature rollouts were sampled at (log-probs must use the same)."""
         if self.hparams.temperature is not None:
             return self.hparams.temperature
-        agent = getattr(getattr(self._trainer, "datamodule", None), "agent", None)
-        return getattr(agent, "temperature", 1.0) or 1.0
+        return (self.data_module.agent.temperature or 1.0) if self.data_module is not None else 1.0
 
     # ------------------------------------------------------------------ extension points
     def rollout_rewards(self, rollouts: list[Rollout]) -> Tensor:

@@ -51,7 +51,7 @@ class Record(Callback):
         self.pad_steps += bool(batch.get("pad_step"))
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        rollouts = getattr(trainer.datamodule, "last_rollouts", [])
+        rollouts = trainer.datamodule.last_rollouts
         self.tasks.append(sorted({r.task_id for r in rollouts}))
 
 
