@@ -25,6 +25,7 @@ from typing import Any
 
 from lit_agents.cli import AgentsCLI
 from lit_agents.pipelines import default_config_dir
+from lit_agents.viewer import read_rollouts, render_html
 
 
 def _cli(config: Path, out: Path, name: str, seed: int, overrides: list[str]) -> AgentsCLI:
@@ -54,14 +55,23 @@ def _success(cli: AgentsCLI, split: str) -> float:
     return float(metrics[0]["val/success"])
 
 
-def _evaluate(cli: AgentsCLI) -> dict[str, float]:
-    return {split: _success(cli, split) for split in SPLITS}
+def _evaluate(cli: AgentsCLI, tasks: int | None = None) -> dict[str, float]:
+    """`_success` on both splits; ``tasks`` caps the tasks per split (default: ``val_tasks``)."""
+    dm = cli.datamodule
+    configured = dm.val_tasks
+    if tasks is not None:
+        dm.val_tasks = tasks if configured is None else min(tasks, configured)
+    try:
+        return {split: _success(cli, split) for split in SPLITS}
+    finally:
+        dm.val_tasks = configured
 
 
 def _table(results: dict[str, Any]) -> str:
     rows = [("untrained", results["untrained"]), ("after SFT", results["sft"]), ("after RL", results["rl"])]
     lines = [
-        f"Held-out success on TextCraft (greedy; tasks per split: {results['val_tasks']}), seed {results['seed']}:",
+        f"Held-out success on TextCraft (greedy; tasks per split: {results['val_tasks']}, the untrained"
+        f" row on the first {results['untrained_tasks']} of them), seed {results['seed']}:",
         "",
         "| model      | " + " | ".join(SPLITS.values()) + " |",
         "|------------|" + "|".join("-" * (len(v) + 2) for v in SPLITS.values()) + "|",
@@ -84,8 +94,6 @@ def _table(results: dict[str, Any]) -> str:
 def _rollout_page(folder: Path, page: Path) -> Path | None:
     """The last epoch's training rollouts and the held-out rollouts after training, as one HTML
     page; None where the RL config saves no rollouts."""
-    from lit_agents.viewer import read_rollouts, render_html
-
     train = sorted(folder.glob("train-*.jsonl"))[-1:]
     held_out = sorted(folder.glob("val-*.jsonl"))[-1:]
     if not train + held_out:
@@ -96,13 +104,15 @@ def _rollout_page(folder: Path, page: Path) -> Path | None:
     return page
 
 
-def run(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str]) -> dict[str, Any]:
-    """Run both stages; returns the results dict."""
+def run(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str],
+        untrained_tasks: int = 32) -> dict[str, Any]:
+    """Run both stages; returns the results dict. The untrained model plays every episode to the
+    step limit, so its row is measured on the first ``untrained_tasks`` tasks of each split."""
     started = time.perf_counter()
     # the pipeline evaluates both splits itself after each stage: no validation inside fit
     no_val = ["trainer.check_val_every_n_epoch=1000000"]
     stage1 = _cli(config_dir / "quickstart.yaml", out, "sft", seed, [*no_val, *sft])
-    untrained = _evaluate(stage1)
+    untrained = _evaluate(stage1, untrained_tasks)
     stage1.trainer.fit(stage1.model, datamodule=stage1.datamodule)
     after_sft = _evaluate(stage1)
     sft_model = out / "sft_model"
@@ -121,6 +131,7 @@ def run(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str]) -
         "sft": after_sft,
         "rl": after_rl,
         "val_tasks": {split: len(stage2.datamodule.held_out_tasks(split)) for split in SPLITS},
+        "untrained_tasks": untrained_tasks,
         "out": str(out),
         "sft_model": str(sft_model),
         "rl_adapters": str(Path(stage2.trainer.log_dir) / "adapters" / "last"),
@@ -140,9 +151,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sft", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for stage 1")
     parser.add_argument("--rl", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for stage 2")
+    parser.add_argument("--untrained-tasks", type=int, default=32, metavar="N",
+                        help="tasks per split for the untrained row (it plays every episode to the step limit)")
     args = parser.parse_args(argv)
     args.config_dir = args.config_dir or default_config_dir()
-    results = run(args.config_dir, args.out, args.seed, args.sft, args.rl)
+    results = run(args.config_dir, args.out, args.seed, args.sft, args.rl, args.untrained_tasks)
     sys.stdout.write("\n" + _table(results) + "\n")
     return results
 
