@@ -77,8 +77,11 @@ def _no_tip(record: logging.LogRecord) -> bool:
 
 
 class AgentsCLI(LightningCLI):
-    """LightningCLI with the library's defaults (TensorBoard under ``runs/``, dataloaders
-    reloaded every epoch so rollouts are fresh, no sanity validation)."""
+    """LightningCLI with the library's defaults: TensorBoard under ``runs/`` (a config names its
+    run with ``trainer.logger.init_args.name``), one device (whichever accelerator is there:
+    ``configs/cpu.yaml`` forces the CPU, ``configs/scale/`` spreads over several), gradients
+    clipped at norm 1, dataloaders reloaded every epoch so rollouts are fresh, no sanity
+    validation."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("parser_kwargs", {"parser_mode": "omegaconf", "description": DESCRIPTION})
@@ -89,6 +92,8 @@ class AgentsCLI(LightningCLI):
             "trainer_defaults",
             {
                 "default_root_dir": "runs",
+                "devices": 1,  # one device unless a configs/scale/ overlay says otherwise
+                "gradient_clip_val": 1.0,
                 "reload_dataloaders_every_n_epochs": 1,
                 "num_sanity_val_steps": 0,
                 "plugins": {"class_path": "lit_agents.checkpointing.AtomicCheckpointIO"},

@@ -12,24 +12,12 @@ import pytest
 from lit_agents.cli import AgentsCLI, main
 
 ROOT = Path(__file__).parents[1] / "configs"
-CONFIGS = sorted(c for c in ROOT.rglob("*.yaml") if c.parent.name != "scale")  # scale/: trainer overlays
+# overlays (configs/scale/, configs/debug/, cpu.yaml, mosaic/broadcast.yaml) set no module: they stack on a config
+OVERLAYS = sorted(c for c in ROOT.rglob("*.yaml") if "class_path: lit_agents.modules" not in c.read_text())
+CONFIGS = sorted(c for c in ROOT.rglob("*.yaml") if c not in OVERLAYS)
 # pipeline stages that load an earlier stage's adapters: `tests/test_multi2_pipeline.py` fits them
 STAGED = {c for c in CONFIGS if "adapters:" in c.read_text()}
-
-# shrink any config to seconds: small model, few tasks, short episodes
-SHORT = [
-    "--trainer.max_epochs=1",
-    "--trainer.limit_train_batches=2",
-    "--trainer.limit_val_batches=1",
-    "--trainer.enable_progress_bar=false",
-    "--trainer.check_val_every_n_epoch=1",
-    "--data.init_args.val_tasks=2",
-    "--data.init_args.agent.init_args.max_new_tokens=8",
-    "--data.init_args.agent.init_args.max_steps=2",
-    "--data.init_args.max_tokens_per_batch=1024",
-    # wiring, not numerics: bf16 autocast on a CPU without bf16 units is emulated (4x slower)
-    "--trainer.precision=32-true",
-]
+DEBUG = ROOT / "debug"
 
 
 @pytest.fixture(scope="session")
@@ -42,25 +30,22 @@ def smollm2_folder():
     return convert_gguf("smollm2-135m").path
 
 
-def _short(config: Path, tmp_path: Path, smollm2: str | None = None) -> list[str]:
+def _short(config: Path, tmp_path: Path, smollm2: str | None = None, overlays: tuple[Path, ...] = ()) -> list[str]:
+    """Any config shrunk to seconds by the configs/debug/ overlays (small model, few tasks, short
+    episodes), writing under ``tmp_path``."""
     text = config.read_text()
-    args = ["-c", str(config), *SHORT, f"--trainer.default_root_dir={tmp_path}",
-            f"--trainer.logger.init_args.save_dir={tmp_path}"]
+    args = ["-c", str(config), *(a for o in overlays for a in ("-c", str(o))), "-c", str(DEBUG / "short.yaml")]
     if "RolloutDataModule" in text:
-        args += ["--data.init_args.tasks_per_epoch=2", "--data.init_args.group_size=2"]
+        args += ["-c", str(DEBUG / "short_rollouts.yaml")]
     if "DemonstrationDataModule" in text:
-        args += ["--data.init_args.demos=4"]
-    if "model: tiny" in text:
-        args += ["--model.init_args.policy.init_args.tiny.hidden_size=32",
-                 "--model.init_args.policy.init_args.tiny.num_layers=1",
-                 "--model.init_args.policy.init_args.tiny.intermediate_size=64",
-                 "--model.init_args.policy.init_args.tiny.num_heads=2",
-                 "--model.init_args.policy.init_args.tiny.num_kv_heads=1"]
+        args += ["-c", str(DEBUG / "short_demos.yaml")]
     if "model: runs/" in text:  # configs that start from an earlier stage's output: use the tiny default
         args += ["--model.init_args.policy.init_args.model=tiny"]
+    if "model: tiny" in text or "model: runs/" in text:
+        args += ["-c", str(DEBUG / "tiny_model.yaml")]
     if smollm2 and "model: smollm2-135m" in text:
         args += [f"--model.init_args.policy.init_args.model={smollm2}"]
-    return args
+    return [*args, f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}"]
 
 
 def _id(config: Path) -> str:
@@ -82,6 +67,36 @@ def test_config_fits_one_short_epoch(config, tmp_path, request):
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.current_epoch == 1
     assert "val/success" in cli.trainer.callback_metrics
+
+
+def test_broadcasting_is_an_overlay_of_each_mosaic_config(capsys):
+    for mosaic in ("forking_mosaic", "compaction_mosaic"):
+        with pytest.raises(SystemExit):
+            main(["fit", "-c", str(ROOT / "mosaic" / f"{mosaic}.yaml"), "-c", str(ROOT / "mosaic" / "broadcast.yaml"),
+                  "--print_config"])
+        out = capsys.readouterr().out
+        assert "trajectory_term: false" in out and "session_term: false" in out and "name: mosaic_broadcast" in out
+
+
+def test_broadcasting_fits_one_short_epoch(tmp_path):
+    cli = AgentsCLI(args=_short(ROOT / "mosaic" / "forking_mosaic.yaml", tmp_path,
+                                overlays=(ROOT / "mosaic" / "broadcast.yaml",)), run=False)
+    assert not cli.model.hparams.trajectory_term and not cli.model.hparams.session_term
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.current_epoch == 1
+
+
+def test_library_defaults_live_in_the_cli_not_in_every_config(capsys):
+    """One device, clipping at 1 and TensorBoard under runs/ come from `AgentsCLI`; configs name
+    their run only, and configs/cpu.yaml forces the CPU."""
+    for config in CONFIGS:
+        text = config.read_text()
+        assert "TensorBoardLogger" not in text and "accelerator:" not in text and "gradient_clip_val: 1.0" not in text
+    with pytest.raises(SystemExit):
+        main(["fit", "-c", str(ROOT / "quickstart_rl.yaml"), "-c", str(ROOT / "cpu.yaml"), "--print_config"])
+    out = capsys.readouterr().out
+    for line in ("accelerator: cpu", "devices: 1", "gradient_clip_val: 1.0", "save_dir: runs", "name: quickstart_rl"):
+        assert line in out
 
 
 def test_unknown_key_is_an_error(capsys):
