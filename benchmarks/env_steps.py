@@ -50,7 +50,9 @@ def _envs() -> dict[str, Callable[[], object]]:
 
         return ScienceWorld()
 
-    return {f.__name__: f for f in (textcraft, textcraft_synth, search_qa, aggregation, textworld_express, scienceworld)}
+    return {
+        f.__name__: f for f in (textcraft, textcraft_synth, search_qa, aggregation, textworld_express, scienceworld)
+    }
 
 
 def measure(env, tasks) -> dict[str, float]:
@@ -92,7 +94,10 @@ def main() -> None:
             print(f"| {name} | skipped: {type(err).__name__}: {str(err).splitlines()[0][:80]} | | | | |")
             continue
         m = measure(env, env.tasks(args.split)[: args.tasks])
-        print(f"| {name} | {m['tasks']} | {m['solved']} | {m['steps']} | {m['steps_per_s']:,.0f} | {m['resets_per_s']:,.1f} |")
+        print(
+            f"| {name} | {m['tasks']} | {m['solved']} | {m['steps']} | {m['steps_per_s']:,.0f} "
+            f"| {m['resets_per_s']:,.1f} |"
+        )
 
 
 if __name__ == "__main__":

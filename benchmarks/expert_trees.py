@@ -43,11 +43,13 @@ def main() -> None:
         small_lines = expert_trees(RecursiveAgent(recursive=False, **window), policy, env, tasks)
         depth = [t.meta["depth"] for t in trees]
         actions = statistics.mean(len(env.expert_program(t).splitlines()) for t in tasks)
-        print(f"| {difficulty} | {sum(t.success for t in trees)}/{len(trees)} | {statistics.mean(depth):.1f}, "
-              f"{max(depth)} | {statistics.mean(t.meta['nodes'] for t in trees):.1f} | "
-              f"{statistics.mean(t.meta['concurrency'] for t in trees):.1f} | "
-              f"{sum(r.success for r in lines)}/{len(lines)}, {actions:.0f} | "
-              f"{sum(t.success for t in small)}/{len(small)}, {sum(r.success for r in small_lines)}/{len(small_lines)} |")
+        print(
+            f"| {difficulty} | {sum(t.success for t in trees)}/{len(trees)} | {statistics.mean(depth):.1f}, "
+            f"{max(depth)} | {statistics.mean(t.meta['nodes'] for t in trees):.1f} | "
+            f"{statistics.mean(t.meta['concurrency'] for t in trees):.1f} | "
+            f"{sum(r.success for r in lines)}/{len(lines)}, {actions:.0f} | "
+            f"{sum(t.success for t in small)}/{len(small)}, {sum(r.success for r in small_lines)}/{len(small_lines)} |"
+        )
 
 
 if __name__ == "__main__":

@@ -82,7 +82,9 @@ def decode_bound(model, args: argparse.Namespace, batch: int, bandwidth: float) 
     """Tokens/s if every step only read the weights once and each session's KV cache."""
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     cfg = model.config
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2
+    kv_per_token = (
+        2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2
+    )
     mean_context = args.prompt + args.new_tokens / 2
     return bandwidth * 1e9 / (weight_bytes + batch * mean_context * kv_per_token) * batch
 
@@ -265,13 +267,19 @@ def main() -> None:
     flops = train_flops(model, args)
     for label, seconds in (("eager", train_eager), ("compiled layers", train_compiled)):
         if seconds:
-            print(f"train step {label} ({args.train_rows} x {args.train_len} tokens, full parameters): {seconds:.4f} s, "
-                  f"{flops / seconds / 1e12:.0f} TFLOP/s, MFU {flops / seconds / 1e12 / args.peak_tflops:.1%} of "
-                  f"{args.peak_tflops:.0f} (datasheet), {flops / seconds / 1e12 / measured_peak:.1%} of {measured_peak:.0f} "
-                  "(measured matmul)")
+            print(
+                f"train step {label} ({args.train_rows} x {args.train_len} tokens, full parameters): {seconds:.4f} s, "
+                f"{flops / seconds / 1e12:.0f} TFLOP/s, MFU {flops / seconds / 1e12 / args.peak_tflops:.1%} of "
+                f"{args.peak_tflops:.0f} (datasheet), {flops / seconds / 1e12 / measured_peak:.1%} of "
+                f"{measured_peak:.0f} "
+                "(measured matmul)"
+            )
     if memory:
-        print(f"log-prob peak memory, 8192 tokens x {args.vocab} vocabulary, forward + backward: naive "
-              f"{memory['naive']:.0f} MB, chunked {memory['chunked']:.0f} MB, ratio {memory['chunked'] / memory['naive']:.3f}")
+        print(
+            f"log-prob peak memory, 8192 tokens x {args.vocab} vocabulary, forward + backward: naive "
+            f"{memory['naive']:.0f} MB, chunked {memory['chunked']:.0f} MB, "
+            f"ratio {memory['chunked'] / memory['naive']:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -218,7 +218,9 @@ def trl(args, folder: str, lora: bool, env: FinalCraft, order: list[Task], seed:
 
     def reward(prompts, completions, index, **kwargs):  # one call per step: the step's P x G completions
         step, per_step = len(rewards), args.prompts_per_step
-        if index != [t.meta["index"] for t in order[step * per_step : (step + 1) * per_step] for _ in range(args.group)]:
+        if index != [
+            t.meta["index"] for t in order[step * per_step : (step + 1) * per_step] for _ in range(args.group)
+        ]:
             raise RuntimeError(f"step {step + 1}: TRL's prompts are not the planned ones")
         scores = [craft_reward(env.env, env.agent, env.prompts[i], c) for i, c in zip(index, completions)]
         rewards.append(sum(scores) / len(scores))

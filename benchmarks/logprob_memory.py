@@ -65,7 +65,9 @@ def main() -> None:
                "--hidden", str(args.hidden), "--chunk", str(args.chunk)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         results[mode] = json.loads(out.strip().splitlines()[-1])
-    print(f"{args.tokens} tokens, vocabulary {args.vocab}, hidden {args.hidden}, chunk {args.chunk}, forward + backward")
+    print(
+        f"{args.tokens} tokens, vocabulary {args.vocab}, hidden {args.hidden}, chunk {args.chunk}, forward + backward"
+    )
     print("| log-probs | peak memory above inputs (MB) | seconds |\n|---|---|---|")
     for mode, r in results.items():
         print(f"| {mode} | {r['peak_above_inputs_mb']:.0f} | {r['seconds']:.1f} |")

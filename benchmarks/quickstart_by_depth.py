@@ -32,9 +32,14 @@ def main() -> None:
             with policy.adapters_disabled() if name == "sft" else contextlib.nullcontext():
                 result = evaluate(cli, split)
             report[f"{name} {split}"] = result
-            cells = [f"depth {d} {p * 100:.1f}% of {result['tasks_by_depth'][d]}" for d, p in result["by_depth"].items()]
-            print(f"{name:>3} {split:>4}: " + ", ".join([*cells, f"all {result['success'] * 100:.1f}% of {result['tasks']}"]),
-                  flush=True)
+            cells = [
+                f"depth {d} {p * 100:.1f}% of {result['tasks_by_depth'][d]}" for d, p in result["by_depth"].items()
+            ]
+            print(
+                f"{name:>3} {split:>4}: "
+                + ", ".join([*cells, f"all {result['success'] * 100:.1f}% of {result['tasks']}"]),
+                flush=True,
+            )
     (args.out / "by_depth.json").write_text(json.dumps(report, indent=2))
 
 

@@ -24,7 +24,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("log_dir", type=Path, help="a fit run's log folder")
     parser.add_argument("--splits", nargs="+", default=["val", "test"])
     parser.add_argument("--tasks", type=int, default=None, help="held-out tasks per split (default: all)")
-    parser.add_argument("--set", nargs="*", default=[], help="extra overrides, e.g. data.init_args.agent.init_args.max_context_tokens=2048")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        help="extra overrides, e.g. data.init_args.agent.init_args.max_context_tokens=2048",
+    )
     args = parser.parse_args(argv)
     last = args.log_dir / "adapters" / "last"
     cli = evaluate.build([args.log_dir / "config.yaml"], [f"--{s}" for s in args.set], adapter=last)

@@ -79,10 +79,15 @@ def main() -> None:
     pad = policy.pad_id
     real = sum(r.num_tokens for r in rows)
     modes = {
-        "padded": ([collate_rows(rows[i : i + args.rows_per_batch], pad)
-                    for i in range(0, len(rows), args.rows_per_batch)], False),
+        "padded": (
+            [collate_rows(rows[i : i + args.rows_per_batch], pad) for i in range(0, len(rows), args.rows_per_batch)],
+            False,
+        ),
         "sorted": ([collate_rows(b, pad) for b in batches_by_tokens(rows, args.tokens_per_batch)], True),
-        "packed": ([collate_packed(b, pad) for b in packs_by_tokens(rows, args.tokens_per_batch, args.pack_length)], True),
+        "packed": (
+            [collate_packed(b, pad) for b in packs_by_tokens(rows, args.tokens_per_batch, args.pack_length)],
+            True,
+        ),
     }
     print(f"{len(rows)} rows, {real} tokens (median {sorted(r.num_tokens for r in rows)[len(rows) // 2]}, "
           f"max {max(r.num_tokens for r in rows)}); embedded default hidden {args.hidden} x {args.layers} layers, "

@@ -144,18 +144,26 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    folder = embedded_default(TinyConfig(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=1024))
+    folder = embedded_default(
+        TinyConfig(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=1024)
+    )
     texts = prompts(args.prompts_per_step * (args.steps + 1) * 2)
     params = sum(p.numel() for p in AgentPolicy(folder, finetune="full").parameters())
-    print(f"model: embedded default, {params / 1e6:.1f}M parameters; {args.prompts_per_step} prompts x G={args.group}, "
-          f"<= {args.new_tokens} new tokens; {torch.get_num_threads()} threads; {'bf16-mixed' if args.bf16 else 'fp32'}")
+    print(
+        f"model: embedded default, {params / 1e6:.1f}M parameters; {args.prompts_per_step} prompts x G={args.group}, "
+        f"<= {args.new_tokens} new tokens; {torch.get_num_threads()} threads; {'bf16-mixed' if args.bf16 else 'fp32'}"
+    )
     times: dict[str, list[float]] = {"trl": [], "lit_agents": []}
     for _ in range(args.rounds):
         times["trl"] += trl(folder, texts, args.steps, args.group, args.new_tokens, args.prompts_per_step, args.bf16)
-        times["lit_agents"] += ours(folder, texts, args.steps, args.group, args.new_tokens, args.prompts_per_step, args.bf16)
+        times["lit_agents"] += ours(
+            folder, texts, args.steps, args.group, args.new_tokens, args.prompts_per_step, args.bf16
+        )
     med = {k: statistics.median(v) for k, v in times.items()}
     for name, values in times.items():
-        print(f"{name}: median {med[name]:.3f} s/step over {len(values)} steps ({', '.join(f'{v:.2f}' for v in values)})")
+        print(
+            f"{name}: median {med[name]:.3f} s/step over {len(values)} steps ({', '.join(f'{v:.2f}' for v in values)})"
+        )
     print(f"speed-up (TRL step time / ours): {med['trl'] / med['lit_agents']:.2f}x")
 
 

@@ -1,18 +1,18 @@
 """KLAnchor: a KL penalty toward a frozen reference policy.
 
-Before each training batch it computes the reference log-probs of the batch's tokens and puts
-them in ``batch["ref_logprobs"]``; the module adds ``coef * KL`` (its ``kl_estimator``) to the
-loss and logs ``train/kl``. A module whose ``kl_needs_distributions`` is true (the exact KL over
-the vocabulary, for off-policy rows) gets the reference's hidden states and output head instead
-(``batch["ref_hidden"]``, ``["ref_head_weight"]``, ``["ref_head_bias"]``). References: the base with adapters disabled (``"base"``, free under
-LoRA), a named frozen adapter (Multi2's offline executor, ``"executor_offline"``), or a frozen
-copy of the policy as the run's config built it (``"snapshot"``: for full fine-tuning, or LoRA
-started from an SFT adapter). The snapshot holds only what trains (the adapter under LoRA, every
-weight under full fine-tuning), swapped into the model for the reference pass; it is taken in
-``setup``, before Lightning restores a checkpoint, so a resumed run keeps the anchor it started
-with, not its resumed weights.
-The coefficient is fixed, or adaptive (Ziegler et al. 2019): multiplied by
-``1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon`` after each step of ``n`` rows.
+Before each training batch it computes the reference log-probs of the batch's tokens and puts them
+in ``batch["ref_logprobs"]``; the module adds ``coef * KL`` (its ``kl_estimator``) to the loss and
+logs ``train/kl``. A module whose ``kl_needs_distributions`` is true (the exact KL over the
+vocabulary, for off-policy rows) gets the reference's hidden states and output head instead
+(``batch["ref_hidden"]``, ``["ref_head_weight"]``, ``["ref_head_bias"]``). References: the base
+with adapters disabled (``"base"``, free under LoRA), a named frozen adapter (Multi2's offline
+executor, ``"executor_offline"``), or a frozen copy of the policy as the run's config built it
+(``"snapshot"``: for full fine-tuning, or LoRA started from an SFT adapter). The snapshot holds
+only what trains (the adapter under LoRA, every weight under full fine-tuning), swapped into the
+model for the reference pass; it is taken in ``setup``, before Lightning restores a checkpoint, so
+a resumed run keeps the anchor it started with, not its resumed weights. The coefficient is fixed,
+or adaptive (Ziegler et al. 2019): multiplied by ``1 + clip(kl / target - 1, -0.2, 0.2) * n /
+horizon`` after each step of ``n`` rows.
 
 Under FSDP the reference runs outside the training step's forward, where parameters are
 sharded: it runs inside ``summon_full_params`` (`lit_agents.strategies.full_parameters`, a
@@ -82,7 +82,9 @@ class KLAnchor(Callback):
         elif self.reference != "base" and self.reference not in policy.roles:
             raise ValueError(f"KLAnchor reference {self.reference!r} is not a role of the policy: {policy.roles}")
         elif self.reference == "base" and not policy.roles:
-            raise ValueError("KLAnchor(reference='base') needs LoRA adapters; use reference='snapshot' for full fine-tuning")
+            raise ValueError(
+                "KLAnchor(reference='base') needs LoRA adapters; use reference='snapshot' for full fine-tuning"
+            )
         pl_module.kl_coef = self.coef
 
     @contextmanager
@@ -142,7 +144,9 @@ class KLAnchor(Callback):
         if not skip:
             pl_module.kl_coef = self.coef
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if not self.adaptive or not batch or batch.get("pad_step"):
             return
         kl = trainer.callback_metrics.get("train/kl")

@@ -100,18 +100,44 @@ def session_figure(rollout: Rollout):
     ax.axis("off")
     for a, b, kind in edges(rollout.sessions):
         (xa, ya), (xb, yb) = pos[a], pos[b]
-        start, end = ((xa + box_w / 2, ya), (xb - box_w / 2, yb)) if kind == "next" else ((xa, ya + box_h / 2), (xb, yb - box_h / 2))
-        ax.annotate("", xy=end, xytext=start, arrowprops={"arrowstyle": "-|>", "color": "#8a94a3", "lw": 1.2,
-                                                          "shrinkA": 0, "shrinkB": 1, "linestyle": "--" if kind == "next" else "-"})
+        start, end = (
+            ((xa + box_w / 2, ya), (xb - box_w / 2, yb))
+            if kind == "next"
+            else ((xa, ya + box_h / 2), (xb, yb - box_h / 2))
+        )
+        ax.annotate(
+            "",
+            xy=end,
+            xytext=start,
+            arrowprops={
+                "arrowstyle": "-|>",
+                "color": "#8a94a3",
+                "lw": 1.2,
+                "shrinkA": 0,
+                "shrinkB": 1,
+                "linestyle": "--" if kind == "next" else "-",
+            },
+        )
     fontsize = 8 * min(1.0, inches / (2.0 * width + 0.4))
     crowded = fontsize < 5.5  # a wide tree squeezed into the figure: ids only
     for session in rollout.sessions:
         (x, y), success = pos[session.session_id], session.meta.get("success")
         edge = ("#1a7f37" if success else "#c9252d") if isinstance(success, bool) else "none"
-        ax.add_patch(FancyBboxPatch((x - box_w / 2, y - box_h / 2), box_w, box_h, boxstyle="round,pad=0,rounding_size=0.06",
-                                    fc=KIND_COLORS.get(session.kind, OTHER_COLOR), ec=edge, lw=2))
+        ax.add_patch(
+            FancyBboxPatch(
+                (x - box_w / 2, y - box_h / 2),
+                box_w,
+                box_h,
+                boxstyle="round,pad=0,rounding_size=0.06",
+                fc=KIND_COLORS.get(session.kind, OTHER_COLOR),
+                ec=edge,
+                lw=2,
+            )
+        )
         label = f"#{session.session_id}" if crowded else "\n".join(node_label(session))
-        ax.text(x, y, label, ha="center", va="center", fontsize=max(fontsize, 6) if crowded else fontsize, color="white")
+        ax.text(
+            x, y, label, ha="center", va="center", fontsize=max(fontsize, 6) if crowded else fontsize, color="white"
+        )
     kinds = sorted({s.kind for s in rollout.sessions})
     ax.legend(handles=[Patch(color=KIND_COLORS.get(k, OTHER_COLOR), label=k) for k in kinds],
               loc="lower right", fontsize=7, frameon=False, ncol=len(kinds))
@@ -150,7 +176,9 @@ class RolloutSamples(Callback):
         picked = pick_samples(rollouts, self.samples)
         if not writers or not picked:
             return
-        text = "\n\n---\n\n".join(rollout_markdown(r, self.max_chars, self.max_turns, self.max_sessions) for r in picked)
+        text = "\n\n---\n\n".join(
+            rollout_markdown(r, self.max_chars, self.max_turns, self.max_sessions) for r in picked
+        )
         figure = session_figure(picked[0]) if self.graph else None
         for writer in writers:
             writer.add_text("rollout/samples", text, trainer.global_step)

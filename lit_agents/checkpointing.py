@@ -51,7 +51,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except OSError:
             pass
 
-    def load_checkpoint(self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
         if not Path(path).is_file():
             raise FileNotFoundError(f"checkpoint {path} does not exist")
         try:

@@ -145,7 +145,9 @@ def test_online_vocab_kl_is_flat_at_the_offline_executor_and_pulls_toward_it(tin
     from lit_agents.algorithms.collate import collate_rows
 
     torch.manual_seed(0)
-    AgentPolicy(tiny=tiny_config, roles=["executor"], lora_r=4, lora_targets="all-linear").save_role("executor", tmp_path / "a")
+    AgentPolicy(tiny=tiny_config, roles=["executor"], lora_r=4, lora_targets="all-linear").save_role(
+        "executor", tmp_path / "a"
+    )
     policy = AgentPolicy(tiny=tiny_config, roles=["scratch"], lora_r=4, lora_targets="all-linear")
     policy.load_role("executor", tmp_path / "a" / "executor", trainable=True)
     policy.load_role("executor_offline", tmp_path / "a" / "executor")

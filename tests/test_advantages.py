@@ -237,4 +237,6 @@ def test_error_baseline_by_hand() -> None:
                                torch.tensor([4 / 3 * 0.75, 4 / 3 * -0.25, 4 / 3 * -0.25, 4 / 3 * 0.75]))
     # a group of equal rewards has no scale: 0
     same = torch.tensor([0.0, 0.0])
-    assert error_baseline_advantages(same, torch.tensor([0, 0]), torch.zeros(2), torch.tensor([True, False])).eq(0).all()
+    assert (
+        error_baseline_advantages(same, torch.tensor([0, 0]), torch.zeros(2), torch.tensor([True, False])).eq(0).all()
+    )

@@ -56,7 +56,11 @@ def build_game(folder: Path, room: str, task_type: str, obj: str, recep: str, pl
     objects = [(mangled(kind, 10 + k), kind, receps[places[kind]][0]) for k, kind in enumerate(["Apple", "Mug"])]
     locs = [f"loc_bar_{k}_bar_{k + 1}_bar_0_bar_45" for k in range(len(receps))]
     kinds = sorted({r[1] for r in receps})
-    declared = ["agent1 - agent", "loc_bar_0_bar_0_bar_0_bar_0 - location", *(f"{o}Type - otype" for o in ("Apple", "Mug"))]
+    declared = [
+        "agent1 - agent",
+        "loc_bar_0_bar_0_bar_0_bar_0 - location",
+        *(f"{o}Type - otype" for o in ("Apple", "Mug")),
+    ]
     declared += [f"{k}Type - rtype" for k in kinds] + [f"{o[0]} - object" for o in objects]
     declared += [f"{r[0]} - receptacle" for r in receps] + [f"{loc} - location" for loc in locs]
     init = ["(atLocation agent1 loc_bar_0_bar_0_bar_0_bar_0)"]
@@ -72,10 +76,21 @@ def build_game(folder: Path, room: str, task_type: str, obj: str, recep: str, pl
     problem += "(:init\n" + "\n".join(init) + "\n)\n" + goal
     desc = glib.gdict[task_type]["templates"][0].format(obj=obj.lower(), recep=recep.lower())
     grammar = Path(ALFRED_TWL2_PATH).read_text().replace("UNKNOWN GOAL", desc)
-    params = {"object_target": obj, "parent_target": recep, "toggle_target": "", "mrecep_target": "", "object_sliced": False}
+    params = {
+        "object_target": obj,
+        "parent_target": recep,
+        "toggle_target": "",
+        "mrecep_target": "",
+        "object_sliced": False,
+    }
     folder.mkdir(parents=True)
     (folder / "traj_data.json").write_text(json.dumps({"task_type": task_type, "pddl_params": params}))
-    game = {"pddl_domain": Path(ALFRED_PDDL_PATH).read_text(), "grammar": grammar, "pddl_problem": problem, "solvable": True}
+    game = {
+        "pddl_domain": Path(ALFRED_PDDL_PATH).read_text(),
+        "grammar": grammar,
+        "pddl_problem": problem,
+        "solvable": True,
+    }
     (folder / "game.tw-pddl").write_text(json.dumps(game))
 
 
@@ -103,7 +118,10 @@ def test_collects_games_like_alfworld(data: Path) -> None:
     assert [t.task_id for t in train] == [f"alfworld/train/{g[0]}" for g in sorted(GAMES["train"])]
     assert len(val) == 1 and len(test) == 2 and not {t.task_id for t in train} & {t.task_id for t in test}
     assert [t.goal for t in train] == ["put a apple in fridge", "put a mug in cabinet", "put a hot apple in countertop"]
-    assert train[0].meta == {"gamefile": f"train/{GAMES['train'][0][0]}/game.tw-pddl", "task_type": "pick_and_place_simple"}
+    assert train[0].meta == {
+        "gamefile": f"train/{GAMES['train'][0][0]}/game.tw-pddl",
+        "task_type": "pick_and_place_simple",
+    }
     only_heat = ALFWorld(str(data), task_types=[4])
     assert [t.meta["task_type"] for t in only_heat.tasks("train")] == ["pick_heat_then_place_in_recep"]
     assert len(ALFWorld(str(data), games_per_split=1).tasks("train")) == 1

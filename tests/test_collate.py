@@ -185,7 +185,10 @@ def test_collate_packed_positions_restart_per_row() -> None:
     assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 0, 0]]
     assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 2], [0, 1, 2, 3, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1] * 6, [1, 1, 1, 1, 0, 0]]
-    assert batch["action_mask"].tolist() == [[False, False, True, False, True, True], [False] * 3 + [True, False, False]]
+    assert batch["action_mask"].tolist() == [
+        [False, False, True, False, True, True],
+        [False] * 3 + [True, False, False],
+    ]
     assert [(m["i"], m["pack"], m["offset"]) for m in batch["meta"]] == [(0, 0, 0), (1, 0, 3), (2, 1, 0)]
 
 

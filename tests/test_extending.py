@@ -385,8 +385,20 @@ def fit_config(config: str, tmp_path: Path, *args: str, overlay: dict | None = N
         (tmp_path / "overlay.yaml").write_text(json.dumps(overlay))
         more = ["-c", str(tmp_path / "overlay.yaml")]
     # a class flag first: jsonargparse would drop the nested `tiny` values given before it
-    return AgentsCLI(args=["fit", "-c", str(CONFIGS / config), *more, *args, "--model.init_args.policy.init_args.model=tiny",
-                           *TINY, *QUICK, f"--trainer.default_root_dir={out}", f"--trainer.logger.init_args.save_dir={out}"])
+    return AgentsCLI(
+        args=[
+            "fit",
+            "-c",
+            str(CONFIGS / config),
+            *more,
+            *args,
+            "--model.init_args.policy.init_args.model=tiny",
+            *TINY,
+            *QUICK,
+            f"--trainer.default_root_dir={out}",
+            f"--trainer.logger.init_args.save_dir={out}",
+        ]
+    )
 
 
 def _node(sid: int, parent: int | None, depth: int, ok: bool, steps: int) -> Session:
@@ -457,9 +469,16 @@ def test_subgoal_line_agent_in_fit(examples, tmp_path, monkeypatch):
         "policy": {"init_args": {"adapters": None, "frozen_adapters": None,
                                  "roles": ["executor", "planner", "executor_offline"]}},
         "buffer_seed": None, "keep_failures": 1.0, "head_width": 16}}}
-    cli = fit_config("multi2/system2_online.yaml", tmp_path, "--data.init_args.agent.class_path=subclasses.SubgoalLineAgent",
-                     "--model.init_args.policy.init_args.lora_r=4", *ROLLOUTS, "--data.init_args.agent.init_args.plan_tokens=6",
-                     "--data.init_args.agent.init_args.max_steps=3", overlay=overlay)
+    cli = fit_config(
+        "multi2/system2_online.yaml",
+        tmp_path,
+        "--data.init_args.agent.class_path=subclasses.SubgoalLineAgent",
+        "--model.init_args.policy.init_args.lora_r=4",
+        *ROLLOUTS,
+        "--data.init_args.agent.init_args.plan_tokens=6",
+        "--data.init_args.agent.init_args.max_steps=3",
+        overlay=overlay,
+    )
     assert cli.trainer.current_epoch == 1 and type(cli.datamodule.agent) is subclasses.SubgoalLineAgent
     planned = [(s, r.sessions[s.session_id + 1]) for r in cli.datamodule.last_rollouts for s in r.sessions
                if s.meta["role"] == "planner"]
@@ -512,10 +531,18 @@ def test_discounted_session_mosaic_in_fit(examples, tmp_path, monkeypatch):
 
     calls = spy(subclasses.DiscountedSessionMosaic, "session_advantages", monkeypatch)
     env = {"data": {"init_args": {"env": {"class_path": "guess_number.GuessNumber", "init_args": {"shaping": 0.5}}}}}
-    cli = fit_config("mosaic/compaction_mosaic.yaml", tmp_path, "--model.class_path=subclasses.DiscountedSessionMosaic",
-                     "--model.init_args.session_discount=0.5", "--model.init_args.policy.init_args.lora_r=4", *ROLLOUTS,
-                     "--data.init_args.agent.init_args.max_steps=4", "--data.init_args.agent.init_args.summary_tokens=4",
-                     "--data.init_args.agent.init_args.context_budget=120", overlay=env)
+    cli = fit_config(
+        "mosaic/compaction_mosaic.yaml",
+        tmp_path,
+        "--model.class_path=subclasses.DiscountedSessionMosaic",
+        "--model.init_args.session_discount=0.5",
+        "--model.init_args.policy.init_args.lora_r=4",
+        *ROLLOUTS,
+        "--data.init_args.agent.init_args.max_steps=4",
+        "--data.init_args.agent.init_args.summary_tokens=4",
+        "--data.init_args.agent.init_args.context_budget=120",
+        overlay=env,
+    )
     assert_trained(cli)
     ((module, rollouts), advantages), = calls
     base = MosaicPolicy.session_advantages(module, rollouts)
@@ -537,14 +564,23 @@ def test_early_compaction_agent_in_fit(examples, tmp_path, monkeypatch):
     from lit_agents.agents import MultiSessionAgent
 
     calls = spy(subclasses.EarlyCompactionAgent, "should_compact", monkeypatch)
-    cli = fit_config("mosaic/compaction_mosaic.yaml", tmp_path, "--data.init_args.agent.class_path=subclasses.EarlyCompactionAgent",
-                     "--data.init_args.agent.init_args.compact_at=0.5", "--model.init_args.policy.init_args.lora_r=4",
-                     "--model.init_args.drop_zero_signal=false", *ROLLOUTS, "--data.init_args.agent.init_args.max_steps=3",
-                     "--data.init_args.agent.init_args.summary_tokens=4")
+    cli = fit_config(
+        "mosaic/compaction_mosaic.yaml",
+        tmp_path,
+        "--data.init_args.agent.class_path=subclasses.EarlyCompactionAgent",
+        "--data.init_args.agent.init_args.compact_at=0.5",
+        "--model.init_args.policy.init_args.lora_r=4",
+        "--model.init_args.drop_zero_signal=false",
+        *ROLLOUTS,
+        "--data.init_args.agent.init_args.max_steps=3",
+        "--data.init_args.agent.init_args.summary_tokens=4",
+    )
     assert_trained(cli)
     agent = cli.datamodule.agent
     assert type(agent) is subclasses.EarlyCompactionAgent and agent.context_budget == 256
-    early = [tokens for (_, tokens), compact in calls if compact and not MultiSessionAgent.should_compact(agent, tokens)]
+    early = [
+        tokens for (_, tokens), compact in calls if compact and not MultiSessionAgent.should_compact(agent, tokens)
+    ]
     assert early and all(128 < t <= 256 - agent.max_new_tokens for t in early)
     assert all(r.meta["compactions"] >= 1 for r in cli.datamodule.last_rollouts)
 
@@ -602,8 +638,15 @@ def test_rao_subclass_hooks_run_in_fit(flag, owner, hook, examples, tmp_path, mo
 
     calls = spy(getattr(subclasses, owner), hook, monkeypatch)
     cost = ["--model.init_args.step_cost=0.1"] if hook == "node_rewards" else []
-    cli = fit_config("rao/recursive.yaml", tmp_path, flag, *cost, "--model.init_args.policy.init_args.tiny.corpus=textcraft_synth",
-                     *ROLLOUTS, "--data.init_args.agent.init_args.max_steps=2")
+    cli = fit_config(
+        "rao/recursive.yaml",
+        tmp_path,
+        flag,
+        *cost,
+        "--model.init_args.policy.init_args.tiny.corpus=textcraft_synth",
+        *ROLLOUTS,
+        "--data.init_args.agent.init_args.max_steps=2",
+    )
     assert cli.trainer.global_step >= 1 and torch.isfinite(cli.trainer.callback_metrics["train/loss"])
     rollouts = cli.datamodule.last_rollouts
     nodes = [s for r in rollouts for s in r.sessions]

@@ -363,7 +363,9 @@ def static_vs_dynamic(model: torch.nn.Module, device: str, **engine_kw: Any) -> 
         engine = GenerationEngine(model, pad_token_id=PAD, **kw)
         gen = torch.Generator(device=device).manual_seed(9)
         out = engine.generate([None] * 6, prompts, SamplingParams(max_new_tokens=24, stop_token_ids=(5, 17, 33)), gen)
-        more = engine.generate([c.context for c in out], [[3, 4]] * 6, SamplingParams(temperature=0.0, max_new_tokens=9))
+        more = engine.generate(
+            [c.context for c in out], [[3, 4]] * 6, SamplingParams(temperature=0.0, max_new_tokens=9)
+        )
         runs.append(out + more)
     for got, want in zip(*runs):
         assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason

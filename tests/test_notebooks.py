@@ -18,6 +18,8 @@ EXPECTED = {"quickstart": "held-out success", "multi2": "held-out success", "mos
 def test_notebook_runs(path, tmp_path, monkeypatch):
     monkeypatch.setenv("LIT_AGENTS_NOTEBOOK_SHORT", "1")
     notebook = nbformat.read(path, as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     outputs = "".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
     assert EXPECTED[path.stem] in outputs

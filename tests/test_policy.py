@@ -182,8 +182,10 @@ def test_packed_rows_give_the_same_logprobs_as_padded(arch, tiny_folder, tmp_pat
     model.save_pretrained(tmp_path / "m")
     policy = AgentPolicy(str(tmp_path / "m"), finetune="full").eval()
     gen = torch.Generator().manual_seed(1)
-    rows = [demo_row(torch.randint(1, 64, (n,), generator=gen).tolist(), torch.randint(1, 64, (k,), generator=gen).tolist())
-            for n, k in ((5, 3), (2, 6), (9, 1), (3, 3))]
+    rows = [
+        demo_row(torch.randint(1, 64, (n,), generator=gen).tolist(), torch.randint(1, 64, (k,), generator=gen).tolist())
+        for n, k in ((5, 3), (2, 6), (9, 1), (3, 3))
+    ]
     padded = collate_rows(rows, pad_id=0)
     packed = collate_packed([[rows[0], rows[1]], [rows[2], rows[3]]], pad_id=0)
     with torch.no_grad():

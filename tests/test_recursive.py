@@ -66,8 +66,9 @@ def test_concurrent_children_and_batching_across_trees(policy, env):
 
     def script(node):
         if node.depth == 0:
-            return "rs = await asyncio.gather(launch_subagent(GOAL), launch_subagent(GOAL))\nprint(len(rs))\nprint(finish())".replace(
-                "GOAL", repr(node.goal))
+            code = ("rs = await asyncio.gather(launch_subagent(GOAL), launch_subagent(GOAL))\n"
+                    "print(len(rs))\nprint(finish())")
+            return code.replace("GOAL", repr(node.goal))
         return "print(view_inventory())\nprint(finish())"  # a child that does nothing fails its goal
 
     agent = Scripted(script)
@@ -229,6 +230,8 @@ def test_tree_metrics_by_difficulty_concurrency_and_wall_clock(policy):
         assert stats[f"tree/difficulty_{level}/success"] == 1.0
     assert max(t.meta["concurrency"] for t in trees) >= 2  # gathered siblings wait on the model together
     assert all(t.meta["seconds"] > 0 for t in trees)
-    assert sum(v for k, v in stats.items() if k.startswith("tree/depth_") and k.endswith("_share")) == pytest.approx(1.0)
+    assert sum(v for k, v in stats.items() if k.startswith("tree/depth_") and k.endswith("_share")) == pytest.approx(
+        1.0
+    )
     merged = merge_stats([(2, {"a": 1.0, "b": 3.0}), (6, {"a": 0.0})])
     assert merged == {"a": 0.25, "b": 3.0}

@@ -135,7 +135,9 @@ def _play_and_train(tiny_config, textcraft, tmp_path, seed, record_losses):
     policy, module, data = _grpo(tiny_config, textcraft, seed=seed)
     losses, rollouts = record_losses(module), []
     trainer = _trainer(tmp_path, epochs=2, deterministic=True)
-    module.on_train_epoch_end = lambda: rollouts.append([s.calls[0].completion_ids for r in data.last_rollouts for s in r.sessions if s.calls])
+    module.on_train_epoch_end = lambda: rollouts.append(
+        [s.calls[0].completion_ids for r in data.last_rollouts for s in r.sessions if s.calls]
+    )
     trainer.fit(module, datamodule=data)
     return losses, rollouts
 

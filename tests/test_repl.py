@@ -35,7 +35,9 @@ def test_tool_calls_cross_the_boundary(repl):
             raise ValueError("unknown item bad")
         return {"crafted": args[0], "n": kwargs.get("n", 1)}
 
-    result = repl.run("print(craft('plank', n=4))\ntry:\n    craft('bad')\nexcept ToolError as e:\n    print('error:', e)", handler)
+    result = repl.run(
+        "print(craft('plank', n=4))\ntry:\n    craft('bad')\nexcept ToolError as e:\n    print('error:', e)", handler
+    )
     assert seen == [("craft", ["plank"], {"n": 4}), ("craft", ["bad"], {})]
     assert result.observation() == "{'crafted': 'plank', 'n': 4}\nerror: ValueError: unknown item bad"
 
@@ -53,7 +55,8 @@ def test_a_subagent_flood_past_the_depth_limit_gets_errors_not_a_crash(repl):
     def handler(name, args, kwargs):
         raise RuntimeError("depth limit 6 reached: launch_subagent refused")
 
-    code = "out = []\nfor i in range(200):\n    try:\n        await launch_subagent('x')\n    except ToolError as e:\n        out.append(str(e))\nprint(len(out), out[0])"
+    code = ("out = []\nfor i in range(200):\n    try:\n        await launch_subagent('x')\n"
+            "    except ToolError as e:\n        out.append(str(e))\nprint(len(out), out[0])")
     assert repl.run(code, handler).observation() == "200 RuntimeError: depth limit 6 reached: launch_subagent refused"
 
 
@@ -106,7 +109,9 @@ def test_a_limit_breach_names_the_signal_and_either_start_works(spawn):
     with PythonREPL(timeout_s=30.0, cpu_s=1, spawn=spawn) as r:
         assert r.run("x = 6 * 7\nprint(x)").observation() == "42"
         result = r.run("while True:\n    pass")
-        assert result.restarted and "killed by SIG" in result.observation(), result.observation()  # SIGKILL: soft = hard
+        assert result.restarted and "killed by SIG" in result.observation(), (
+            result.observation()
+        )  # SIGKILL: soft = hard
         assert r.run("print('alive')").observation() == "alive"
 
 

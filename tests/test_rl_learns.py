@@ -55,7 +55,9 @@ def _demonstrations(env: FetchItem, path) -> None:
         state, first = env.reset(task)
         wrong = [item for item in ITEMS if item != NEEDS[task.goal]]
         right = i % 3 == 0
-        actions = [f"get 1 {NEEDS[task.goal]}"] if right else [f"get 1 {rng.choice(wrong)}" for _ in range(env.max_steps)]
+        actions = (
+            [f"get 1 {NEEDS[task.goal]}"] if right else [f"get 1 {rng.choice(wrong)}" for _ in range(env.max_steps)]
+        )
         steps = [(a, env.step(state, a)) for a in actions]
         episodes.append(Episode(task, first, steps, steps[-1][1].success))
     write_episodes(episodes, path)
@@ -97,8 +99,13 @@ def sft_model(tmp_path_factory, tiny_config):
     _demonstrations(env, folder / "demos.jsonl")
     torch.manual_seed(0)
     module = System1SFT(AgentPolicy(tiny=tiny_config, finetune="full"), lr=3e-3)
-    data = DemonstrationDataModule(env, ReActAgent(max_new_tokens=8, system_prompt=""), path=str(folder / "demos.jsonl"),
-                                   val_tasks=0, max_tokens_per_batch=256)
+    data = DemonstrationDataModule(
+        env,
+        ReActAgent(max_new_tokens=8, system_prompt=""),
+        path=str(folder / "demos.jsonl"),
+        val_tasks=0,
+        max_tokens_per_batch=256,
+    )
     _trainer(folder, epochs=6).fit(module, datamodule=data)
     module.policy.save_pretrained(folder / "sft")
     return folder / "sft"

@@ -113,7 +113,9 @@ def test_connect_to_a_local_tcp_listener(repl, listener):
 
 def test_fork(repl):
     marker = f"/tmp/escape_{uuid.uuid4().hex}"
-    observation = escape(repl, f"pid = os.fork()\nif pid == 0:\n    open({marker!r}, 'w')\n    os._exit(0)\nprint('forked', pid)")
+    observation = escape(
+        repl, f"pid = os.fork()\nif pid == 0:\n    open({marker!r}, 'w')\n    os._exit(0)\nprint('forked', pid)"
+    )
     assert "forked" not in observation and not os.path.exists(marker)
 
 
@@ -291,8 +293,15 @@ def test_escapes_are_refused_for_a_non_root_trainer(listener):
                    "    raise PermissionError(ctypes.get_errno(), 'ptrace')\nprint('attached')"),
     }
     try:
-        done = subprocess.run([sys.executable, "-c", NON_ROOT_SCRIPT, json.dumps([DISABLE, cases, REPL_MODULE])], env=env,
-                              preexec_fn=preexec, capture_output=True, text=True, timeout=120, cwd="/tmp")
+        done = subprocess.run(
+            [sys.executable, "-c", NON_ROOT_SCRIPT, json.dumps([DISABLE, cases, REPL_MODULE])],
+            env=env,
+            preexec_fn=preexec,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/tmp",
+        )
         assert done.returncode == 0, f"the non-root trainer died ({done.returncode}): {done.stderr[-2000:]}"
         out = json.loads(done.stdout.strip().splitlines()[-1])
         assert out["uid"] != 0 and out["layers"].keys() >= {"filesystem", "processes", "network"}

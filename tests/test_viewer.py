@@ -90,7 +90,14 @@ def test_page_escapes_text_and_references_nothing_online():
     assert "<title>a &lt;title&gt; · lit-agents rollouts</title>" in page
     data = _page_data(page)  # the text survives the escaping exactly
     assert data["rollouts"][0]["sessions"][3]["calls"][0]["completion"] == EVIL
-    assert [(s["x"], s["y"]) for s in data["rollouts"][1]["sessions"]] == [(1.25, 0), (0.5, 1), (2, 1), (0, 2), (1, 2), (2, 2)]
+    assert [(s["x"], s["y"]) for s in data["rollouts"][1]["sessions"]] == [
+        (1.25, 0),
+        (0.5, 1),
+        (2, 1),
+        (0, 2),
+        (1, 2),
+        (2, 2),
+    ]
 
 
 def test_view_command_writes_the_page_and_prints_its_path(tmp_path, capsys):

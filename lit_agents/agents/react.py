@@ -115,7 +115,9 @@ class ReActAgent(Agent):
             for episode, text in zip(live, texts):
                 self._advance(policy, env, episode, text)
             live = [e for e in live if not e.done]
-            bar.set_postfix(live=f"{len(live)}/{len(episodes)}", success=sum(e.success for e in episodes), refresh=False)
+            bar.set_postfix(
+                live=f"{len(live)}/{len(episodes)}", success=sum(e.success for e in episodes), refresh=False
+            )
             bar.update(1)
         bar.close()
         return [self._finish(e) for e in episodes]

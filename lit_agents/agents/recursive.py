@@ -162,7 +162,9 @@ class RecursiveAgent(Agent):
         """`run`; with ``expert`` the env's expert writes every node's code (`expert_rollout`)."""
         for needed in ("functions", "fork", "intro"):
             if not hasattr(env, needed):
-                raise TypeError(f"RecursiveAgent needs an env with `{needed}` (e.g. TextCraftSynth), not {type(env).__name__}")
+                raise TypeError(
+                    f"RecursiveAgent needs an env with `{needed}` (e.g. TextCraftSynth), not {type(env).__name__}"
+                )
         trees: list[list[_Node]] = []
         meta: list[tuple[Task, int, Exception | None]] = []
         for i, task in enumerate(tasks):
@@ -183,8 +185,14 @@ class RecursiveAgent(Agent):
             while ready := [n for tree in trees for n in tree if not n.done and not n.waiting]:
                 if full := [n for n in ready if self._room(n) < 1]:
                     for node in full:  # may resume a parent: look again
-                        self._end(policy, env, trees, node, f"stopped: context window of {self.max_context_tokens} tokens full",
-                                  "context")
+                        self._end(
+                            policy,
+                            env,
+                            trees,
+                            node,
+                            f"stopped: context window of {self.max_context_tokens} tokens full",
+                            "context",
+                        )
                     continue
                 for t, count in Counter(n.tree for n in ready).items():
                     concurrency[t] = max(concurrency[t], count)
@@ -201,8 +209,12 @@ class RecursiveAgent(Agent):
                 for node in tree:
                     node.repl.close()
         end = time.perf_counter() - started
-        return [self._rollout(tree, task, group, seconds[t] or end, concurrency[t]) if failed is None
-                else self._failed_rollout(task, group, failed) for t, (tree, (task, group, failed)) in enumerate(zip(trees, meta))]
+        return [
+            self._rollout(tree, task, group, seconds[t] or end, concurrency[t])
+            if failed is None
+            else self._failed_rollout(task, group, failed)
+            for t, (tree, (task, group, failed)) in enumerate(zip(trees, meta))
+        ]
 
     def complete(self, policy, engine, nodes: list[_Node], params, generator, version: int) -> list[str]:
         """One batched model call for ``nodes`` (one engine call per room left in their context

@@ -375,7 +375,9 @@ def rao_node_rewards(success: Tensor, parent: Tensor, lam: float = 0.4, propagat
         ``[M]`` node rewards.
     """
     if success.shape != parent.shape or success.dim() != 1:
-        raise ValueError(f"success and parent must be 1-D of one shape, got {tuple(success.shape)}, {tuple(parent.shape)}")
+        raise ValueError(
+            f"success and parent must be 1-D of one shape, got {tuple(success.shape)}, {tuple(parent.shape)}"
+        )
     s = success.detach().to(torch.float64)
     parent = parent.long()
     if bool((parent >= parent.numel()).any()) or bool((parent == torch.arange(parent.numel())).any()):

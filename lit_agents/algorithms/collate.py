@@ -383,7 +383,9 @@ def pack_rows(rows: list[Row], pack_length: int) -> list[list[Row]]:
     return packs
 
 
-def packs_by_tokens(rows: list[Row], max_tokens_per_batch: int, pack_length: int | None = None) -> list[list[list[Row]]]:
+def packs_by_tokens(
+    rows: list[Row], max_tokens_per_batch: int, pack_length: int | None = None
+) -> list[list[list[Row]]]:
     """Pack rows (`pack_rows`) and group the packs into batches of ``max_tokens_per_batch`` tokens.
 
     Args:

@@ -54,7 +54,9 @@ class _Batches(IterableDataset):
     iterated: a batch is a list of rows (padded) or a list of packs (lists of rows). With
     gradient accumulation each batch also carries its optimizer step's trained-token count."""
 
-    def __init__(self, batches: list[list], pad_id: int, step_tokens: list[int] | None = None, accumulate: int = 1) -> None:
+    def __init__(
+        self, batches: list[list], pad_id: int, step_tokens: list[int] | None = None, accumulate: int = 1
+    ) -> None:
         self.batches, self.pad_id = batches, pad_id
         self.step_tokens, self.accumulate = step_tokens, accumulate
 
@@ -393,7 +395,9 @@ class DemonstrationDataModule(AgentDataModule):
         if not 0.0 <= renamed <= 1.0:
             raise ValueError(f"renamed must be in [0, 1], got {renamed}")
         if renamed and type(env).rename is TextEnv.rename:
-            raise ValueError(f"renamed demonstrations need an env that can rename entities; {type(env).__name__} cannot")
+            raise ValueError(
+                f"renamed demonstrations need an env that can rename entities; {type(env).__name__} cannot"
+            )
         self.renamed = renamed
         self.packing, self.pack_length = packing, pack_length
         if not 0.0 <= noisy <= 1.0 or not 0.0 <= epsilon <= 1.0:

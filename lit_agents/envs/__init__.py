@@ -19,7 +19,17 @@ _LAZY = {
     "ALFWorld": "lit_agents.envs.alfworld",
 }
 
-__all__ = ["Aggregation", "SearchQA", "StepResult", "Task", "TextCraft", "TextCraftSynth", "TextEnv", "play_expert", *_LAZY]
+__all__ = [
+    "Aggregation",
+    "SearchQA",
+    "StepResult",
+    "Task",
+    "TextCraft",
+    "TextCraftSynth",
+    "TextEnv",
+    "play_expert",
+    *_LAZY,
+]
 
 
 def __getattr__(name: str):

@@ -199,7 +199,9 @@ def _landlock(workdir):
     libc = _c()
     abi = libc.syscall(_NR_LANDLOCK[0], None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     if abi < _LANDLOCK_MIN_ABI:
-        why = "not supported by this kernel" if abi < 0 else f"ABI {abi} < {_LANDLOCK_MIN_ABI} (truncate not controlled)"
+        why = (
+            "not supported by this kernel" if abi < 0 else f"ABI {abi} < {_LANDLOCK_MIN_ABI} (truncate not controlled)"
+        )
         raise _LayerMissing("filesystem (Landlock)", why)
     handled_fs = _FS_ALL_BY_ABI.get(abi, (1 << 16) - 1)
     handled_net = 3 if abi >= 4 else 0

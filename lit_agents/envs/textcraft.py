@@ -225,7 +225,11 @@ class TextCraft(TextEnv):
         rng.shuffle(lines)
         commands = "\n".join(lines)
         goal_line = self.goal_line(goal)
-        obs = f"{goal_line}\n\nCrafting commands:\n{commands}" if self.goal_first else f"Crafting commands:\n{commands}\n\n{goal_line}"
+        obs = (
+            f"{goal_line}\n\nCrafting commands:\n{commands}"
+            if self.goal_first
+            else f"Crafting commands:\n{commands}\n\n{goal_line}"
+        )
         return TextCraftState(task=task, goal=goal, commands=lines), obs
 
     def step(self, state: TextCraftState, action: str) -> StepResult:
@@ -420,11 +424,12 @@ class TextCraft(TextEnv):
 
     def rename(self, episode: Episode, seed: int) -> Episode:
         """``episode`` in a world where every item its crafting commands name (only the goal, with
-        ``rename="goal"``) is called by another item's name (drawn by ``seed`` from
-        `rename_pool`, one name per item for the whole episode). Counts, recipes and outcomes are unchanged, so the result is a valid episode of
-        that world, and imitating it takes reading the goal's recipe off the prompt: memorising
-        which recipe each goal has does not help. Compact observations only (a full listing's tag
-        inputs like ``planks`` would lose which items they accept)."""
+        ``rename="goal"``) is called by another item's name (drawn by ``seed`` from `rename_pool`,
+        one name per item for the whole episode). Counts, recipes and outcomes are unchanged, so
+        the result is a valid episode of that world, and imitating it takes reading the goal's
+        recipe off the prompt: memorising which recipe each goal has does not help. Compact
+        observations only (a full listing's tag inputs like ``planks`` would lose which items they
+        accept)."""
         if not self.compact:
             raise ValueError("TextCraft.rename needs compact=True (tag inputs do not survive renaming)")
         names = {episode.task.goal}

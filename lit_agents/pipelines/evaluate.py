@@ -334,12 +334,16 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """The command's own options, and the LightningCLI overrides (``--key=value``) left over."""
     parser = argparse.ArgumentParser(prog="lit-agents eval", description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                      epilog="Other --key=value arguments override the config, as in `lit-agents fit`.")
-    parser.add_argument("-c", "--config", action="append", required=True, help="the training YAML (or a run's config.yaml)")
+    parser.add_argument(
+        "-c", "--config", action="append", required=True, help="the training YAML (or a run's config.yaml)"
+    )
     weights = parser.add_mutually_exclusive_group()
     weights.add_argument("--adapter", type=Path, help="a LoRACheckpoint folder (adapters/last) or one peft adapter")
     weights.add_argument("--model", type=Path, help="a whole-model folder (full fine-tuning: adapters/last/model)")
     parser.add_argument("--split", choices=("train", "val", "test"), help="default: the config's val_split")
-    parser.add_argument("--tasks", type=int, help="tasks per seed (0 = the whole split); default: the config's val_tasks")
+    parser.add_argument(
+        "--tasks", type=int, help="tasks per seed (0 = the whole split); default: the config's val_tasks"
+    )
     parser.add_argument("--seeds", help="comma-separated data seeds, one task sample each; default: the config's seed")
     parser.add_argument("--group-by", default="depth", help="a result column, or a task/rollout meta key ('' = none)")
     parser.add_argument("--sample", action="store_true", help="sample at the agent's temperature instead of greedy")

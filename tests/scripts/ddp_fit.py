@@ -59,9 +59,13 @@ def main() -> None:
     out, kind = Path(sys.argv[1]), (sys.argv[2] if len(sys.argv) > 2 else "grpo")
     faulthandler.dump_traceback_later(float(os.environ.get("HANG_DUMP_S", 600)), exit=True)
     torch.set_num_threads(1)
-    env = TextCraft(min_depth=2, max_depth=2, distractors=2, compact=True, max_steps=3 if kind.startswith("grpo") else 12)
+    env = TextCraft(
+        min_depth=2, max_depth=2, distractors=2, compact=True, max_steps=3 if kind.startswith("grpo") else 12
+    )
     full = kind == "grpo_full_fsdp"  # every weight trains: the KL reference is a snapshot
-    policy = AgentPolicy(tiny=TINY, finetune="full") if full else AgentPolicy(tiny=TINY, lora_r=4, lora_targets="all-linear")
+    policy = (
+        AgentPolicy(tiny=TINY, finetune="full") if full else AgentPolicy(tiny=TINY, lora_r=4, lora_targets="all-linear")
+    )
     strategy = os.environ.get("STRATEGY", "ddp")
     if kind.startswith("grpo"):
         module = GRPOPolicy(policy, lr=1e-2, drop_zero_signal=False)
@@ -88,10 +92,23 @@ def main() -> None:
         strategy = CPUFSDPStrategy(sharding_strategy="FULL_SHARD", state_dict_type="full")
     record = Record()
     trainer = Trainer(
-        max_epochs=3, accelerator="cpu", devices=2, strategy=strategy, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, reload_dataloaders_every_n_epochs=1,
-        num_sanity_val_steps=0, default_root_dir=str(out),
-        callbacks=[record, SessionMetrics(), LoRACheckpoint(), *([KLAnchor(coef=0.1, reference="snapshot" if full else "base")] if kind.startswith("grpo") else [])],
+        max_epochs=3,
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        reload_dataloaders_every_n_epochs=1,
+        num_sanity_val_steps=0,
+        default_root_dir=str(out),
+        callbacks=[
+            record,
+            SessionMetrics(),
+            LoRACheckpoint(),
+            *([KLAnchor(coef=0.1, reference="snapshot" if full else "base")] if kind.startswith("grpo") else []),
+        ],
     )
     trainer.fit(module, datamodule=data)
     with full_parameters(trainer):
