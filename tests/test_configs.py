@@ -21,13 +21,30 @@ DEBUG = ROOT / "debug"
 
 
 @pytest.fixture(scope="session")
-def smollm2_folder():
-    """SmolLM2 dequantized once (`convert_gguf`): every SmolLM2 config's short fit loads it in under
-    a second instead of parsing the GGUF again (~15 s each; tests/test_models.py loads the GGUF)."""
+def smollm2_folder(tmp_path_factory):
+    """SmolLM2 dequantized once (`convert_gguf`) and cut to its first 2 of 30 layers: every SmolLM2
+    config's short fit checks the wiring (its tokenizer, chat template, architecture, LoRA targets)
+    in seconds instead of parsing the GGUF again and running the whole model (tests/test_models.py
+    loads the real GGUF)."""
     pytest.importorskip("gguf")
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
     from lit_agents.models import convert_gguf
 
-    return convert_gguf("smollm2-135m").path
+    full = Path(convert_gguf("smollm2-135m").path)
+    model = AutoModelForCausalLM.from_pretrained(full)
+    model.model.layers = model.model.layers[:2]
+    model.config.num_hidden_layers = 2
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:2]
+    out = tmp_path_factory.mktemp("smollm2_2_layers")
+    model.save_pretrained(out)
+    for name in full.iterdir():
+        if name.name not in ("config.json", "model.safetensors"):
+            shutil.copy(name, out / name.name)
+    return str(out)
 
 
 def _short(config: Path, tmp_path: Path, smollm2: str | None = None, overlays: tuple[Path, ...] = ()) -> list[str]:
