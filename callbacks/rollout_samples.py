@@ -54,8 +54,8 @@ def _session_markdown(session: Session, max_chars: int, max_turns: int) -> list[
     head = f"**session {first}** · {stats}"
     if session.parent is not None:
         head += f" · started by #{session.parent}"
-    if "goal" in session.meta:
-        head += f" · goal: `{session.meta['goal']}`"
+    if session.goal:
+        head += f" · goal: `{session.goal}`"
     lines = [head]
     calls = session.calls[:max_turns]
     for k, call in enumerate(calls, 1):
@@ -82,7 +82,7 @@ def rollout_markdown(rollout: Rollout, max_chars: int = 400, max_turns: int = 4,
 def session_figure(rollout: Rollout):
     """The rollout's sessions as a matplotlib figure (Agg canvas, no pyplot): boxes at
     `viewer.layout` positions colored by kind, outlined green/red where the session's
-    ``meta["success"]`` says, arrows parent -> child (solid) and session -> next session (dashed)."""
+    ``success`` says, arrows parent -> child (solid) and session -> next session (dashed)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyBboxPatch, Patch
@@ -121,7 +121,7 @@ def session_figure(rollout: Rollout):
     fontsize = 8 * min(1.0, inches / (2.0 * width + 0.4))
     crowded = fontsize < 5.5  # a wide tree squeezed into the figure: ids only
     for session in rollout.sessions:
-        (x, y), success = pos[session.session_id], session.meta.get("success")
+        (x, y), success = pos[session.session_id], session.success
         edge = ("#1a7f37" if success else "#c9252d") if isinstance(success, bool) else "none"
         ax.add_patch(
             FancyBboxPatch(

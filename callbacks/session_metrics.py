@@ -39,9 +39,9 @@ def session_stats(rollouts: list[Rollout]) -> dict[str, float]:
         for r in rollouts:
             by_count.setdefault(len(r.sessions), []).append(float(r.success))
         stats |= {f"session/success_with_{k}_sessions": sum(v) / len(v) for k, v in sorted(by_count.items())}
-    subagents = [s for r in rollouts for s in r.sessions if s.depth > 0 and "success" in s.meta]
+    subagents = [s for r in rollouts for s in r.sessions if s.depth > 0 and s.success is not None]
     if subagents:
-        stats["session/child_success"] = sum(bool(s.meta["success"]) for s in subagents) / len(subagents)
+        stats["session/child_success"] = sum(bool(s.success) for s in subagents) / len(subagents)
     if any("nodes" in r.meta for r in rollouts):
         stats |= tree_stats(rollouts)
     return stats

@@ -134,7 +134,15 @@ class Session:
         depth: 0 for the root, parent's depth + 1 below it.
         calls: the LLM calls of the session, in order.
         reward: the session's own reward where the environment scores it (e.g. a subagent's success).
-        meta: free-form per-session data (goal, progress before/after, ...).
+        goal: the session's own goal where it has one (a subagent's, a tree node's, a Multi2
+            executor's subgoal); ``""`` for a session working on the task itself.
+        success: whether the session met its own goal; None where it has none.
+        progress_before, progress_after: the task's progress (``env.progress``, 0-1) when the
+            session opened and closed; None where the loop does not record it.
+        goal_progress_before, goal_progress_after: the same for the session's own goal
+            (``env.goal_progress``); None without a goal.
+        meta: what a single method reads besides (per-turn progress and errors, Multi2's per-step
+            rewards, the advantage it was trained with, ...).
     """
 
     session_id: int = 0
@@ -144,6 +152,12 @@ class Session:
     calls: list[Call] = field(default_factory=list)
     reward: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    goal: str = ""
+    success: bool | None = None
+    progress_before: float | None = None
+    progress_after: float | None = None
+    goal_progress_before: float | None = None
+    goal_progress_after: float | None = None
 
     @property
     def token_ids(self) -> list[int]:
@@ -216,7 +230,23 @@ class Rollout:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Rollout:
-        sessions = [
-            Session(**{**s, "calls": [Call(**c) for c in s["calls"]]}) for s in data["sessions"]
-        ]
+        """Also reads rollouts saved before a session's goal, success and progress were fields
+        (then in ``meta``; Multi2's executor success as ``meta["met"]``, its goal as ``"subgoal"``)."""
+        sessions = [Session(**_typed({**s, "calls": [Call(**c) for c in s["calls"]]})) for s in data["sessions"]]
         return cls(**{**data, "sessions": sessions})
+
+
+_TYPED = ("goal", "success", "progress_before", "progress_after", "goal_progress_before", "goal_progress_after")
+
+
+def _typed(session: dict[str, Any]) -> dict[str, Any]:
+    """A saved session's dict with the typed fields taken from ``meta`` where an older file kept them."""
+    meta = dict(session.get("meta") or {})
+    if "met" in meta and "success" not in meta:
+        meta["success"] = meta.pop("met")
+    if "subgoal" in meta and "goal" not in meta:
+        meta["goal"] = meta.pop("subgoal")
+    for key in _TYPED:
+        if key not in session and key in meta:
+            session[key] = meta.pop(key)
+    return {**session, "meta": meta}

@@ -132,8 +132,12 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+_TYPED = ("goal", "success", "progress_before", "progress_after", "goal_progress_before", "goal_progress_after")
+
+
 def _session_data(session: Session, pos: tuple[float, float]) -> dict[str, Any]:
-    meta = {k: v for k, v in session.meta.items() if k != "advantage"}
+    typed = {k: getattr(session, k) for k in _TYPED if getattr(session, k) not in (None, "")}
+    meta = {**typed, **{k: v for k, v in session.meta.items() if k != "advantage"}}
     return {
         "id": session.session_id, "kind": session.kind, "parent": session.parent, "depth": session.depth,
         "reward": session.reward, "advantage": session.meta.get("advantage"), "meta": meta,

@@ -404,12 +404,12 @@ def fit_config(config: str, tmp_path: Path, *args: str, overlay: dict | None = N
 def _node(sid: int, parent: int | None, depth: int, ok: bool, steps: int) -> Session:
     call = Call([1, 2], [3, 4], [-0.1, -0.1])
     return Session(sid, "main" if parent is None else "subagent", parent, depth, [call],
-                   meta={"success": ok, "steps": steps})
+                   success=ok, meta={"steps": steps})
 
 
 def _session(sid: int, kind: str, before: float, after: float) -> Session:
     call = Call([1, 2, 3], [4, 5], [-0.1, -0.2])
-    return Session(sid, kind, None, 0, [call], meta={"progress_before": before, "progress_after": after})
+    return Session(sid, kind, None, 0, [call], progress_before=before, progress_after=after)
 
 
 def test_successful_demos_sft_in_fit(examples, tmp_path, monkeypatch):
@@ -485,7 +485,7 @@ def test_subgoal_line_agent_in_fit(examples, tmp_path, monkeypatch):
     assert len(calls) == len(planned) >= 4  # every planner call, every episode
     parsed = {text: subgoal for (_, text), subgoal in calls}
     for planner, executor in planned:
-        assert planner.meta["subgoal"] == parsed[planner.calls[0].completion_text]
+        assert planner.goal == parsed[planner.calls[0].completion_text]
         assert executor.calls[0].prompt_text.endswith(f"Subgoal: {planner.meta['subgoal']}")
 
 

@@ -12,7 +12,7 @@ from lit_agents.types import Call, Rollout, Session
 def _session(sid, kind, before, after, parent=None):
     call = Call(prompt_ids=[1, 2, 3], completion_ids=[4, 5], logprobs=[-0.1, -0.2])
     return Session(sid, kind, parent, 0 if parent is None else 1, [call],
-                   meta={"progress_before": before, "progress_after": after})
+                   progress_before=before, progress_after=after)
 
 
 def _rollouts():
@@ -31,7 +31,7 @@ def test_a_subagent_gains_what_it_did_for_its_own_goal():
     from lit_agents.modules.mosaic import progress_gain
 
     sub = _session(1, "subagent", 0.6, 0.7, parent=0)
-    sub.meta.update(goal="craft 6 acacia planks", goal_progress_before=0.2, goal_progress_after=1.0)
+    sub.goal, sub.goal_progress_before, sub.goal_progress_after = "craft 6 acacia planks", 0.2, 1.0
     rollout = Rollout("t", 0, [_session(0, "main", 0.0, 0.9), sub], reward=1.0, success=True)
     assert progress_gain(rollout, sub) == pytest.approx(0.8)
     assert progress_gain(rollout, rollout.sessions[0]) == pytest.approx(0.9)

@@ -50,7 +50,7 @@ def test_budget_compaction_starts_from_task_and_summary(policy, textcraft):
     opening = second.calls[0].prompt_text
     assert "SUMMARY: got the logs" in opening and opening.startswith(rollout.sessions[0].calls[0].prompt_text)
     assert first.calls[1].prompt_text not in opening  # the old history is gone
-    assert all(s.meta["progress_after"] >= s.meta["progress_before"] for s in rollout.sessions)
+    assert all(s.progress_after >= s.progress_before for s in rollout.sessions)
 
 
 def test_compact_action(policy, textcraft):
@@ -75,8 +75,8 @@ def test_fork_runs_a_subagent_and_returns_its_result(policy, textcraft):
     agent = Scripted(script, compaction=False, forking=True, system_prompt="")
     (rollout,) = agent.run(policy, textcraft, [task], group_size=2)[:1]
     main, sub = rollout.sessions[0], rollout.sessions[1]
-    assert sub.kind == "subagent" and sub.parent == 0 and sub.depth == 1 and sub.meta["success"]
-    assert sub.meta["goal_progress_before"] == 0.0 and sub.meta["goal_progress_after"] == 1.0
+    assert sub.kind == "subagent" and sub.parent == 0 and sub.depth == 1 and sub.success
+    assert sub.goal_progress_before == 0.0 and sub.goal_progress_after == 1.0
     assert "goal_progress_before" not in main.meta
     assert "Your goal: craft 6 acacia planks" in sub.calls[0].prompt_text
     returned = main.calls[1].prompt_text
@@ -134,7 +134,7 @@ def test_expert_demonstrations_compact_and_fork(policy, textcraft):
         kinds |= {s.kind for s in rollout.sessions}
         for s in rollout.sessions:
             if s.kind == "subagent":
-                assert s.meta["success"] and s.meta["goal"].startswith("craft ")
+                assert s.success and s.goal.startswith("craft ")
             texts = [c.completion_text for c in s.calls]
             assert all(t for t in texts)
         forks = [c.completion_text for s in rollout.sessions for c in s.calls if c.completion_text.startswith("fork:")]

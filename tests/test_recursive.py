@@ -56,7 +56,7 @@ def test_root_delegates_to_a_child_sharing_the_inventory(policy, env):
     root, child = rollouts[0].sessions
     assert (root.kind, root.depth, root.parent) == ("main", 0, None)
     assert (child.kind, child.depth, child.parent) == ("subagent", 1, 0)
-    assert child.meta["success"] and root.meta["success"] and child.meta["goal"] == task.goal
+    assert child.success and root.success and child.goal == task.goal
     assert child.meta["answer"].splitlines()[-1].startswith("Success")
     assert "Success" in root.calls[-1].completion_text or rollouts[0].meta["nodes"] == 2
 
@@ -76,7 +76,7 @@ def test_concurrent_children_and_batching_across_trees(policy, env):
     assert max(agent.batches) == 6  # both children of all three trees in one model call
     for r in rollouts:
         assert [s.depth for s in r.sessions] == [0, 1, 1] and not r.success
-        assert [s.meta["success"] for s in r.sessions] == [False, False, False]
+        assert [s.success for s in r.sessions] == [False, False, False]
 
 
 def test_depth_and_node_limits_refuse_launches(policy, env):
@@ -137,7 +137,7 @@ def test_rao_policy_node_advantages_by_hand(policy):
 
     def node(sid, parent, depth, ok):
         call = Call([1, 2], [3, 4], [-0.1, -0.1])
-        return Session(sid, "main" if parent is None else "subagent", parent, depth, [call], meta={"success": ok})
+        return Session(sid, "main" if parent is None else "subagent", parent, depth, [call], success=ok)
 
     # tree A: root ok, children ok / failed; tree B: a lone failed root (same group)
     a = Rollout("t", 0, [node(0, None, 0, True), node(1, 0, 1, True), node(2, 0, 1, False)], 1.0, True)
@@ -165,7 +165,7 @@ def test_expert_trees_delegate_and_deepen_with_difficulty(policy, difficulty):
     depths = []
     for task in env.tasks("train")[:3]:
         tree = deep.expert_rollout(policy, env, task)
-        assert tree.success and all(s.meta["success"] for s in tree.sessions)
+        assert tree.success and all(s.success for s in tree.sessions)
         assert all(len(s.calls) == 1 for s in tree.sessions)  # one code block per node
         if tree.meta["nodes"] > 1:
             assert "launch_subagent" in tree.sessions[0].calls[0].completion_text
@@ -186,7 +186,7 @@ def test_look_first_experts_and_a_window_too_small_for_the_linear_agent(policy):
     flat = RecursiveAgent(look_first=True, recursive=False, max_new_tokens=256, system_prompt="")
     for task in env.tasks("train")[:2]:
         tree = deep.expert_rollout(policy, env, task)
-        assert tree.success and all(s.meta["success"] for s in tree.sessions)
+        assert tree.success and all(s.success for s in tree.sessions)
         assert all(len(s.calls) == 2 for s in tree.sessions)
         assert "get_info" in tree.sessions[0].calls[0].completion_text
         assert "get_info" not in tree.sessions[0].calls[1].completion_text

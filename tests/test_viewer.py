@@ -41,10 +41,10 @@ def _chain_with_forks() -> Rollout:
         Session(0, "main", None, 0, [_call("Goal: craft 1 acacia door.", "fork: craft 6 acacia planks"),
                                      _call("Subagent: done", "compact")]),
         Session(1, "subagent", 0, 1, [_call("Your goal: craft 6 acacia planks", "craft 6 acacia planks")], reward=1.0,
-                meta={"goal": "craft 6 acacia planks", "success": True}),
+                goal="craft 6 acacia planks", success=True),
         Session(2, "compaction", None, 0, [_call("Summary: 6 planks", "fork: craft 1 acacia door")]),
         Session(3, "subagent", 2, 1, [_call("Your goal: craft 1 acacia door", EVIL)], reward=0.0,
-                meta={"goal": "craft 1 acacia door", "success": False}),
+                goal="craft 1 acacia door", success=False),
         Session(4, "compaction", None, 0, [_call("Summary: ...", "craft 1 acacia door")]),
     ]
     return Rollout("textcraft/acacia_door", 3, sessions, reward=1.0, success=True, meta={"compactions": 2, "forks": 2})
@@ -124,6 +124,29 @@ def test_session_rows_record_each_sessions_advantage():
     assert len(rows) == 5
     assert [s.meta["advantage"] for s in rollout.sessions] == [0.5, 0.7, 0.2, -0.4, 0.5, 0.1]
     assert Rollout.from_dict(json.loads(json.dumps(rollout.to_dict()))).sessions[3].meta["advantage"] == -0.4
+
+
+def test_a_sessions_goal_success_and_progress_are_fields_and_old_files_still_load():
+    """Saved rollouts round-trip the typed fields; files saved when they lived in ``meta`` (and
+    Multi2's executor kept ``met`` and ``subgoal``) load into the fields."""
+    rollout = _chain_with_forks()
+    sub = rollout.sessions[1]
+    assert (sub.goal, sub.success) == ("craft 6 acacia planks", True)
+    assert Rollout.from_dict(json.loads(json.dumps(rollout.to_dict()))) == rollout
+
+    def old(meta):
+        return {"session_id": 0, "kind": "main", "parent": None, "depth": 0, "calls": [], "reward": None, "meta": meta}
+
+    saved = {"task_id": "t", "group_id": 0, "reward": 0.0, "success": False, "meta": {}, "sessions": [
+        old({"progress_before": 0.1, "progress_after": 0.5, "steps": 3}),
+        old({"goal": "craft 1 x", "success": True, "goal_progress_before": 0.0, "goal_progress_after": 1.0}),
+        old({"role": "executor", "subgoal": "craft 2 y", "met": False, "rewards": [0.0]}),
+    ]}
+    main, child, executor = Rollout.from_dict(saved).sessions
+    assert (main.progress_before, main.progress_after, main.meta) == (0.1, 0.5, {"steps": 3})
+    assert (child.goal, child.success, child.goal_progress_after, child.meta) == ("craft 1 x", True, 1.0, {})
+    assert (executor.goal, executor.success) == ("craft 2 y", False)
+    assert executor.meta == {"role": "executor", "rewards": [0.0]}
 
 
 @pytest.fixture(scope="module")
@@ -236,8 +259,8 @@ def test_page_of_multisession_rollouts_renders_in_headless_chromium(policy, text
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="headless check needs /usr/bin/chromium (apt-get install chromium)")
 def test_page_shows_no_null_for_a_session_without_goal_text(tmp_path):
-    sessions = [Session(0, "main", None, 0, [_call("Goal: craft 1 acacia door.", "fork:")], meta={"goal": None}),
-                Session(1, "subagent", 0, 1, [_call("Your goal:", "done")], meta={"goal": "", "success": False})]
+    sessions = [Session(0, "main", None, 0, [_call("Goal: craft 1 acacia door.", "fork:")]),
+                Session(1, "subagent", 0, 1, [_call("Your goal:", "done")], success=False)]
     rollout = Rollout("textcraft/acacia_door", 0, sessions, meta={"reason": None, "steps": 2})
     page = tmp_path / "page.html"
     page.write_text(render_html([rollout]))

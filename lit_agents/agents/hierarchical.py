@@ -12,7 +12,8 @@ One backbone, one LoRA adapter per role. Per episode:
 
 Rewards (docs/algorithms.md, Multi2): an executor step earns 1 when it completes its subgoal (checked
 by ``env.goal_met``) plus the environment's reward. Each executor session records per step
-``meta["rewards"]`` and ``meta["dones"]`` (1 on the subgoal episode's last step): the transitions
+``meta["rewards"]`` and ``meta["dones"]`` (1 on the subgoal episode's last step), its subgoal as
+``goal`` and whether it was met as ``success``: the transitions
 System 2's actor-critic learns from. All live episodes are batched: each loop step runs one
 batched call for the episodes that are planning (planner adapter) and one for those acting.
 
@@ -195,11 +196,11 @@ class HierarchicalAgent(Agent):
 
     def _plan(self, policy: AgentPolicy, e: _Episode, call: Call, subgoal: str) -> None:
         """Record a planner call and open the executor session of its subgoal."""
-        e.sessions.append(Session(len(e.sessions), calls=[call], meta={"role": self.planner_role, "subgoal": subgoal}))
+        e.sessions.append(Session(len(e.sessions), calls=[call], goal=subgoal, meta={"role": self.planner_role}))
         e.subgoal, e.actions, e.planning = subgoal, [], False
         e.start(policy, self.executor_system, self.executor_prompt(e.task_text, e.observation, subgoal))
-        e.session = Session(len(e.sessions), meta={"role": self.executor_role, "subgoal": subgoal,
-                                                   "rewards": [], "dones": [], "met": False})
+        e.session = Session(len(e.sessions), goal=subgoal, success=False,
+                            meta={"role": self.executor_role, "rewards": [], "dones": []})
         e.sessions.append(e.session)
 
     def _act(self, policy: AgentPolicy, e: _Episode, action: str, flag: bool, result: StepResult,
@@ -212,8 +213,8 @@ class HierarchicalAgent(Agent):
         e.reward += result.reward
         e.success = e.success or result.success
         e.observation = result.observation
-        newly = met and not session.meta["met"]
-        session.meta["met"] = met
+        newly = met and not session.success
+        session.success = met
         session.meta["rewards"].append(float(newly) + result.reward)
         ends_episode = result.done or e.success or e.steps >= max_steps
         ends_subgoal = ends_episode or flag or (met and self.end_on_met) or len(e.actions) >= self.max_subgoal_steps
@@ -269,7 +270,7 @@ class HierarchicalAgent(Agent):
         for (action, result), note in zip(episode.steps, episode.subgoals):
             if note["start"]:
                 if e.sessions:
-                    e.previous = (e.subgoal, list(e.actions), e.sessions[-1].meta["met"])
+                    e.previous = (e.subgoal, list(e.actions), bool(e.sessions[-1].success))
                 planner = self._planner_cursor(policy, e)
                 write_turn(policy, planner, note["subgoal"], self.planner_role)
                 self._plan(policy, e, planner.session.calls[0], note["subgoal"])

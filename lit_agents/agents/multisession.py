@@ -12,10 +12,10 @@ A rollout is several sessions (docs/algorithms.md, Mosaic):
   when it writes ``done``, or after ``subagent_steps``; its result returns to the parent as an
   observation (masked in the parent's loss, like every observation).
 
-Every session records ``meta["progress_before"/"progress_after"]`` (``env.progress``) for
-Mosaic's marginal gains and, for subagents, ``meta["goal"]``, ``meta["success"]`` and
-``meta["goal_progress_before"/"goal_progress_after"]`` (``env.goal_progress`` of its own goal). Limits:
-forks and sessions per rollout. All live sessions of all episodes are batched per step.
+Every session records ``progress_before``/``progress_after`` (``env.progress``) for Mosaic's
+marginal gains and, for subagents, its ``goal``, ``success`` and
+``goal_progress_before``/``goal_progress_after`` (``env.goal_progress`` of its own goal): typed
+fields of `Session`. Limits: forks and sessions per rollout. All live sessions of all episodes are batched per step.
 
 Extension points for subclasses (docs/extending.md, examples/subclasses.py): `should_compact`
 (when to compact), `compaction_prompt` and `subagent_prompt` (how a session opens),
@@ -142,8 +142,10 @@ class MultiSessionAgent(ReActAgent):
             for _ in range(group_size):
                 reset = reset_env(env, task)
                 if isinstance(reset, Exception):
+                    session = env_error_session(reset)
+                    session.progress_before = session.progress_after = 0.0
                     episodes.append(_Ep(task, group_offset + i, None, "", done=True, reason="env_error",
-                                        sessions=[env_error_session(reset, progress_before=0.0, progress_after=0.0)]))
+                                        sessions=[session]))
                     continue
                 state, first = reset
                 ep = _Ep(task, group_offset + i, state, first, system, env if expert else None)
@@ -219,9 +221,10 @@ class MultiSessionAgent(ReActAgent):
               goal: str = "") -> _Line:
         session = Session(len(ep.sessions), kind, None if parent is None else parent.session.session_id,
                           0 if parent is None else parent.session.depth + 1,
-                          meta={"progress_before": float(env.progress(ep.state))})
+                          progress_before=float(env.progress(ep.state)))
         if goal:
-            session.meta.update(goal=goal, success=False, goal_progress_before=self._goal_progress(env, ep, goal))
+            session.goal, session.success = goal, False
+            session.goal_progress_before = self._goal_progress(env, ep, goal)
         ep.sessions.append(session)
         line = _Line(episode=ep, session=session, goal=goal, parent=parent)
         line.start(policy, ep.system, prompt)
@@ -229,9 +232,9 @@ class MultiSessionAgent(ReActAgent):
 
     def _close(self, env, line: _Line) -> None:
         line.done = True
-        line.session.meta["progress_after"] = float(env.progress(line.episode.state))
+        line.session.progress_after = float(env.progress(line.episode.state))
         if line.goal:
-            line.session.meta["goal_progress_after"] = self._goal_progress(env, line.episode, line.goal)
+            line.session.goal_progress_after = self._goal_progress(env, line.episode, line.goal)
 
     @staticmethod
     def _goal_progress(env, ep: _Ep, goal: str) -> float:
@@ -281,7 +284,7 @@ class MultiSessionAgent(ReActAgent):
                 self._close(env, other)
             ep.done, ep.reason = True, "success" if ep.success else ("done" if result.done else "max_steps")
             if line.parent is not None:
-                line.session.meta["success"] = self._met(env, line)
+                line.session.success = self._met(env, line)
             return []
         if line.parent is not None and (self._met(env, line) or line.steps >= self.subagent_steps):
             return self._end_subagent(policy, env, line, result.observation)
@@ -316,7 +319,7 @@ class MultiSessionAgent(ReActAgent):
 
     def _end_subagent(self, policy, env, line: _Line, last: str) -> list[_Line]:
         met = self._met(env, line)
-        line.session.meta["success"] = met
+        line.session.success = met
         self._close(env, line)
         parent = line.parent
         parent.waiting = False
@@ -327,10 +330,10 @@ class MultiSessionAgent(ReActAgent):
     @staticmethod
     def _rollout(env, ep: _Ep) -> Rollout:
         for s in ep.sessions:
-            if "progress_after" not in s.meta:
-                s.meta["progress_after"] = float(env.progress(ep.state))
-            if "goal" in s.meta and "goal_progress_after" not in s.meta:
-                s.meta["goal_progress_after"] = MultiSessionAgent._goal_progress(env, ep, s.meta["goal"])
+            if s.progress_after is None:
+                s.progress_after = float(env.progress(ep.state))
+            if s.goal and s.goal_progress_after is None:
+                s.goal_progress_after = MultiSessionAgent._goal_progress(env, ep, s.goal)
         kinds = [s.kind for s in ep.sessions]
         return Rollout(ep.task.task_id, ep.group_id, ep.sessions, ep.reward, ep.success,
                        {"steps": ep.steps, "reason": ep.reason or "max_steps", "sessions": len(ep.sessions),

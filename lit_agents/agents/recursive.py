@@ -13,7 +13,7 @@ turn writes at most the room left. Limits on depth and on nodes per tree refuse
 further ``launch_subagent`` calls with an error the code can catch.
 
 Every node is one session of the rollout (``main`` at the root, ``subagent`` below) with
-``parent`` and ``depth``; ``meta`` holds its goal, its own verified success (``success``), steps
+``parent`` and ``depth``, its ``goal`` and its own verified ``success``; ``meta`` holds its steps
 and answer. With ``recursive=False`` there is no ``launch_subagent``: the linear baseline.
 
 Extension points for subclasses (docs/extending.md, examples/subclasses.py): `system_text`,
@@ -247,7 +247,7 @@ class RecursiveAgent(Agent):
                           containment=self.repl_containment)
         kind = "main" if parent is None else "subagent"
         session = Session(len(trees[tree]), kind, None if parent is None else parent.session.session_id, depth,
-                          meta={"goal": goal, "success": False})
+                          goal=goal, success=False)
         node = _Node(session=session, tree=tree, goal=goal, state=state, depth=depth, repl=repl, functions=functions,
                      parent=parent, parent_call=call_id, expert=expert)
         node.start(policy, self.system_text(env), self.node_prompt(env, state, depth))
@@ -319,8 +319,8 @@ class RecursiveAgent(Agent):
     def _end(self, policy, env, trees, node: _Node, answer: str, reason: str) -> None:
         """Close the node; its answer goes back to its parent's code, which resumes."""
         node.done, node.answer, node.reason = True, answer, reason
-        node.session.meta.update(success=bool(getattr(node.state, "success", False)), steps=node.steps,
-                                 answer=answer)
+        node.session.success = bool(getattr(node.state, "success", False))
+        node.session.meta.update(steps=node.steps, answer=answer)
         node.repl.close()
         parent = node.parent
         if parent is not None:
@@ -332,7 +332,7 @@ class RecursiveAgent(Agent):
     @staticmethod
     def _rollout(tree: list[_Node], task: Task, group: int, seconds: float, concurrency: int) -> Rollout:
         root = tree[0]
-        success = bool(root.session.meta.get("success"))
+        success = bool(root.session.success)
         meta = {"steps": sum(n.steps for n in tree), "nodes": len(tree), "depth": max(n.depth for n in tree),
                 "reason": root.reason, "seconds": seconds, "concurrency": concurrency}
         if "depth" in task.meta:  # the task's crafting depth: its difficulty
@@ -342,7 +342,8 @@ class RecursiveAgent(Agent):
     @staticmethod
     def _failed_rollout(task: Task, group: int, err: Exception) -> Rollout:
         """A tree whose env failed to reset: one empty root session, no reward."""
-        session = env_error_session(err, goal=task.goal, success=False, steps=0, answer="")
+        session = env_error_session(err, steps=0, answer="")
+        session.goal, session.success = task.goal, False
         meta = {"steps": 0, "nodes": 1, "depth": 0, "reason": "env_error", "seconds": 0.0, "concurrency": 1}
         if "depth" in task.meta:
             meta["difficulty"] = task.meta["depth"]

@@ -228,7 +228,8 @@ def transition_rows(rollouts: list[Rollout], role: str) -> list[Row]:
 
     Such sessions hold ``meta["rewards"]`` and ``meta["dones"]``, one per call (see
     `agents.hierarchical`). The row's ``meta`` gets ``spans`` (``[start, end)`` token span of each
-    call's completion), ``rewards``, ``dones``, ``met`` (the subgoal was met) and ``rollout``.
+    call's completion), ``rewards``, ``dones``, ``met`` (the subgoal was met: the session's
+    ``success``) and ``rollout``.
     """
     rows = []
     for i, rollout in enumerate(rollouts):
@@ -245,7 +246,7 @@ def transition_rows(rollouts: list[Rollout], role: str) -> list[Row]:
                 spans.append((at, at + len(call.completion_ids)))
                 at += len(call.completion_ids)
             row.meta.update(rollout=i, group_id=rollout.group_id, task_id=rollout.task_id, spans=spans,
-                            rewards=list(rewards), dones=list(session.meta["dones"]), met=bool(session.meta.get("met")))
+                            rewards=list(rewards), dones=list(session.meta["dones"]), met=bool(session.success))
             rows.append(row)
     return rows
 

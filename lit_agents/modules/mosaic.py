@@ -44,16 +44,18 @@ GainFn = Callable[[Rollout, Session], float]
 def progress_gain(rollout: Rollout, session: Session) -> float:
     """A session's marginal gain: progress after it minus before it (0 when not recorded).
 
-    A subagent is scored on the goal it was sent for (``meta["goal_progress_before/after"]``,
+    A subagent is scored on the goal it was sent for (``goal_progress_before/after``,
     `TextEnv.goal_progress`): a subagent sent for an ingredient that it got has done its job,
     however little that moved the whole task. Main and compaction sessions are scored on the
-    task's progress (``meta["progress_before/after"]``) over their whole span, which includes
-    the time their subagents ran: a parent's gain counts what it delegated too, and its
-    subagents' gains are standardized among subagents only (per session kind).
+    task's progress (``progress_before/after``) over their whole span, which includes the time
+    their subagents ran: a parent's gain counts what it delegated too, and its subagents' gains
+    are standardized among subagents only (per session kind).
     """
-    meta = session.meta
-    key = "goal_progress" if "goal_progress_before" in meta else "progress"
-    return float(meta.get(f"{key}_after", 0.0)) - float(meta.get(f"{key}_before", 0.0))
+    if session.goal_progress_before is not None:
+        before, after = session.goal_progress_before, session.goal_progress_after
+    else:
+        before, after = session.progress_before, session.progress_after
+    return float(after or 0.0) - float(before or 0.0)
 
 
 class MosaicPolicy(GRPOPolicy):

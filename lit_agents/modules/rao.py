@@ -1,6 +1,6 @@
 """RAOPolicy: one shared policy trained over execution trees (docs/algorithms.md, RAO).
 
-A rollout is a tree of sessions (nodes) from `agents.recursive.RecursiveAgent`; ``meta["success"]``
+A rollout is a tree of sessions (nodes) from `agents.recursive.RecursiveAgent`; ``success``
 of each session is the node's own verified success. Per node X of tree i:
 
 - ``R(X) = s(X) + lam * mean_{c in children(X)} s(c)`` (`advantages.rao_node_rewards`; with
@@ -60,14 +60,14 @@ class RAOPolicy(GRPOPolicy):
     def node_rewards(self, rollouts: list[Rollout]) -> Tensor:
         """The reward ``R(X)`` of every node, the rollouts' sessions one after the other.
         ``[sum of the rollouts' session counts]``. Default: the node's own verified success
-        (``session.meta["success"]``) plus ``lam`` times its children's mean
+        (``session.success``) plus ``lam`` times its children's mean
         (`advantages.rao_node_rewards`; the root's success everywhere with ``propagate_root``).
         Override to shape it (a cost per turn, a bonus for a verified intermediate result): the
         leave-one-out baseline reads the roots' rewards from it."""
         success, parent, offset = [], [], 0
         for r in rollouts:
             for s in r.sessions:
-                success.append(float(s.meta.get("success", False)))
+                success.append(float(bool(s.success)))
                 parent.append(-1 if s.parent is None else offset + s.parent)
             offset += len(r.sessions)
         return rao_node_rewards(torch.tensor(success), torch.tensor(parent), self.lam, self.propagate_root)
