@@ -486,7 +486,7 @@ def test_subgoal_line_agent_in_fit(examples, tmp_path, monkeypatch):
     parsed = {text: subgoal for (_, text), subgoal in calls}
     for planner, executor in planned:
         assert planner.goal == parsed[planner.calls[0].completion_text]
-        assert executor.calls[0].prompt_text.endswith(f"Subgoal: {planner.meta['subgoal']}")
+        assert executor.calls[0].prompt_text.endswith(f"Subgoal: {planner.goal}")
 
 
 def test_subgoal_line_parsing(examples):
