@@ -54,24 +54,21 @@ def _dict_arg(key: str, **paths: Path) -> str:
     return f"model.init_args.policy.init_args.{key}=" + json.dumps({k: str(v) for k, v in paths.items()})
 
 
-SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.enable_progress_bar=false",
-         "data.init_args.val_tasks=2", "data.init_args.agent.init_args.max_new_tokens=12"]
-SHORT_DEMOS = ["data.init_args.demos=8"]
-SHORT_ROLLOUTS = ["data.init_args.tasks_per_epoch=2", "data.init_args.group_size=2",
-                  "data.init_args.agent.init_args.max_steps=4"]
-# short held-out episodes too: a barely trained model plays every episode to its limit
-SHORT_EPISODES = {"HierarchicalAgent": ["data.init_args.agent.init_args.max_subgoals=2",
-                                        "data.init_args.agent.init_args.max_subgoal_steps=3"],
-                  "ReActAgent": ["data.init_args.agent.init_args.max_steps=4"]}
+# --short: the configs/debug/ overlays (one short epoch, short turns and episodes, two held-out
+# tasks), and fewer subgoals: a barely trained planner sets subgoals until its limit
+SHORT_SUBGOALS = ["data.init_args.agent.init_args.max_subgoals=2", "data.init_args.agent.init_args.max_subgoal_steps=3"]
+
+
+def _short_overlays(config: Path) -> tuple[Path, ...]:
+    debug = default_config_dir("debug")
+    kind = "short_rollouts.yaml" if "RolloutDataModule" in config.read_text() else "short_demos.yaml"
+    return debug / "short.yaml", debug / kind
 
 
 def _stage_overrides(config: Path, overrides: list[str], short: bool) -> list[str]:
     """``--set`` values for this stage (``stage:key=value`` only for ``stage``), after the
-    short-mode sizes."""
-    text = config.read_text()
-    mine = [*SHORT, *(SHORT_ROLLOUTS if "RolloutDataModule" in text else SHORT_DEMOS)] if short else []
-    if short:
-        mine += next((v for agent, v in SHORT_EPISODES.items() if f"agents.{agent}" in text), [])
+    short-mode caps."""
+    mine = list(SHORT_SUBGOALS) if short and "agents.HierarchicalAgent" in config.read_text() else []
     for item in overrides:
         stage, sep, rest = item.partition(":")
         if not sep or "=" in stage:
@@ -83,7 +80,8 @@ def _stage_overrides(config: Path, overrides: list[str], short: bool) -> list[st
 
 def _fit(config_dir: Path, name: str, out: Path, seed: int, overrides: list[str], short: bool = False):
     config = config_dir / f"{name}.yaml"
-    cli = _cli(config, out, name, seed, _stage_overrides(config, overrides, short))
+    cli = _cli(config, out, name, seed, _stage_overrides(config, overrides, short),
+               _short_overlays(config) if short else ())
     started = time.perf_counter()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return cli, time.perf_counter() - started

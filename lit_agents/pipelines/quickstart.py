@@ -28,9 +28,13 @@ from lit_agents.pipelines import default_config_dir
 from lit_agents.viewer import read_rollouts, render_html
 
 
-def _cli(config: Path, out: Path, name: str, seed: int, overrides: list[str]) -> AgentsCLI:
+def _cli(config: Path, out: Path, name: str, seed: int, overrides: list[str],
+         overlays: tuple[Path, ...] = ()) -> AgentsCLI:
+    """``config`` (then ``overlays``, stacked after it) under ``out/name`` with ``seed``, then the
+    ``key=value`` overrides."""
     args = [
         "-c", str(config),
+        *(arg for overlay in overlays for arg in ("-c", str(overlay))),
         f"--seed_everything={seed}",
         f"--trainer.default_root_dir={out}",
         f"--trainer.logger.init_args.save_dir={out}",
