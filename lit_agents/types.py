@@ -236,7 +236,9 @@ class Rollout:
         return cls(**{**data, "sessions": sessions})
 
 
-_TYPED = ("goal", "success", "progress_before", "progress_after", "goal_progress_before", "goal_progress_after")
+#: the `Session` fields that say how a session did (what older saved files kept in ``meta``)
+SESSION_OUTCOME_FIELDS = ("goal", "success", "progress_before", "progress_after", "goal_progress_before",
+                          "goal_progress_after")
 
 
 def _typed(session: dict[str, Any]) -> dict[str, Any]:
@@ -246,7 +248,7 @@ def _typed(session: dict[str, Any]) -> dict[str, Any]:
         meta["success"] = meta.pop("met")
     if "subgoal" in meta and "goal" not in meta:
         meta["goal"] = meta.pop("subgoal")
-    for key in _TYPED:
+    for key in SESSION_OUTCOME_FIELDS:
         if key not in session and key in meta:
             session[key] = meta.pop(key)
     return {**session, "meta": meta}

@@ -24,7 +24,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from lit_agents.types import Rollout, Session
+from lit_agents.types import SESSION_OUTCOME_FIELDS, Rollout, Session
 
 #: node colors by session kind (the page, the TensorBoard picture)
 KIND_COLORS = {"main": "#3566c4", "compaction": "#c77c12", "subagent": "#7b48c4"}
@@ -132,11 +132,8 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-_TYPED = ("goal", "success", "progress_before", "progress_after", "goal_progress_before", "goal_progress_after")
-
-
 def _session_data(session: Session, pos: tuple[float, float]) -> dict[str, Any]:
-    typed = {k: getattr(session, k) for k in _TYPED if getattr(session, k) not in (None, "")}
+    typed = {k: getattr(session, k) for k in SESSION_OUTCOME_FIELDS if getattr(session, k) not in (None, "")}
     meta = {**typed, **{k: v for k, v in session.meta.items() if k != "advantage"}}
     return {
         "id": session.session_id, "kind": session.kind, "parent": session.parent, "depth": session.depth,

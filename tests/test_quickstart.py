@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from lit_agents.pipelines import quickstart
 from lit_agents.pipelines.quickstart import main
 
 CONFIGS = Path(__file__).parents[1] / "configs"
@@ -33,13 +34,24 @@ SHORT = [
 ]
 
 
-def test_quickstart_short(tmp_path, capsys):
+def test_quickstart_short(tmp_path, capsys, monkeypatch):
+    played = []  # tasks each held-out evaluation played, and the val_tasks it left behind
+    success = quickstart._success
+
+    def counting(cli, split):
+        played.append(len(cli.datamodule.held_out_tasks(split)))
+        return success(cli, split)
+
+    monkeypatch.setattr(quickstart, "_success", counting)
     results = main([
-        "--config-dir", str(CONFIGS), "--out", str(tmp_path),
+        "--config-dir", str(CONFIGS), "--out", str(tmp_path), "--untrained-tasks", "2",
         "--sft", *SHORT, *TINY, "data.init_args.demos=8",
         "--rl", *SHORT, "data.init_args.tasks_per_epoch=2", "data.init_args.group_size=2",
     ])
+    # the untrained row on the first 2 tasks of each split, every later row on all 3
+    assert played == [2, 2, 3, 3, 3, 3] and results["untrained_tasks"] == 2
     out = capsys.readouterr().out
+    assert "the untrained row on the first 2 of them" in out
     assert "| after RL" in out and "unseen goal items" in out
     for stage in ("untrained", "sft", "rl"):
         assert set(results[stage]) == {"val", "test"}

@@ -333,10 +333,8 @@ class RecursiveAgent(Agent):
     def _rollout(tree: list[_Node], task: Task, group: int, seconds: float, concurrency: int) -> Rollout:
         root = tree[0]
         success = bool(root.session.success)
-        meta = {"steps": sum(n.steps for n in tree), "nodes": len(tree), "depth": max(n.depth for n in tree),
-                "reason": root.reason, "seconds": seconds, "concurrency": concurrency}
-        if "depth" in task.meta:  # the task's crafting depth: its difficulty
-            meta["difficulty"] = task.meta["depth"]
+        meta = _tree_meta(task, steps=sum(n.steps for n in tree), nodes=len(tree), depth=max(n.depth for n in tree),
+                          reason=root.reason, seconds=seconds, concurrency=concurrency)
         return Rollout(task.task_id, group, [n.session for n in tree], float(success), success, meta)
 
     @staticmethod
@@ -344,9 +342,7 @@ class RecursiveAgent(Agent):
         """A tree whose env failed to reset: one empty root session, no reward."""
         session = env_error_session(err, steps=0, answer="")
         session.goal, session.success = task.goal, False
-        meta = {"steps": 0, "nodes": 1, "depth": 0, "reason": "env_error", "seconds": 0.0, "concurrency": 1}
-        if "depth" in task.meta:
-            meta["difficulty"] = task.meta["depth"]
+        meta = _tree_meta(task, steps=0, nodes=1, depth=0, reason="env_error", seconds=0.0, concurrency=1)
         return Rollout(task.task_id, group, [session], 0.0, False, meta)
 
     # ------------------------------------------------------------------ demonstrations
@@ -374,3 +370,10 @@ class RecursiveAgent(Agent):
     def replay(self, policy: AgentPolicy, env: TextEnv, episode, group_id: int = 0) -> Rollout:
         """A demonstration as an execution tree: the expert grows it again (`expert_rollout`)."""
         return self.expert_rollout(policy, env, episode.task, group_id)
+
+
+def _tree_meta(task: Task, **meta: object) -> dict[str, object]:
+    """A tree rollout's ``meta``, with the task's crafting depth as its ``difficulty`` when known."""
+    if "depth" in task.meta:
+        meta["difficulty"] = task.meta["depth"]
+    return meta

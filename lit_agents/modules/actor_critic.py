@@ -171,7 +171,7 @@ class System2ActorCritic(AgentModule):
 
     def seed_buffer(self, path: str) -> None:
         """The successful executor episodes of a demonstrations file (newest last, capped)."""
-        dm = self.data_module or self.trainer.datamodule
+        dm = self.data_module  # connected: rows are built during the fit
         rollouts = [dm.agent.replay(self.policy, dm.env, e, i) for i, e in enumerate(read_episodes(path))]
         rows = [r for r in transition_rows(rollouts, self.role) if r.meta["met"]]
         self.buffer = rows[-self.hparams.buffer_capacity :]
