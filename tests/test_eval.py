@@ -20,14 +20,8 @@ from lit_agents.types import Call, Rollout, Session
 
 ROOT = Path(__file__).parents[1]
 CONFIGS = ROOT / "configs"
-TINY = [
-    "--model.init_args.policy.init_args.model=tiny",
-    "--model.init_args.policy.init_args.tiny.hidden_size=32",
-    "--model.init_args.policy.init_args.tiny.num_layers=1",
-    "--model.init_args.policy.init_args.tiny.num_heads=2",
-    "--model.init_args.policy.init_args.tiny.num_kv_heads=1",
-    "--model.init_args.policy.init_args.tiny.intermediate_size=64",
-]
+# the embedded default at a toy size (configs/debug/tiny_model.yaml)
+TINY = ["-c", str(CONFIGS / "debug" / "tiny_model.yaml"), "--model.init_args.policy.init_args.model=tiny"]
 SHORT = ["--data.init_args.agent.init_args.max_new_tokens=6", "--data.init_args.agent.init_args.max_steps=2"]
 
 

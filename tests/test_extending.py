@@ -367,8 +367,7 @@ def test_subclass_hooks_run_in_fit(flag, owner, hook, examples, qwen2, tmp_path,
 # ----------------------------------------------------------------------------- subclasses: the other modules and loops
 CONFIGS = ROOT / "configs"
 # the embedded default at its smallest (hidden 32, one layer): built once per test session
-TINY = [f"--model.init_args.policy.init_args.tiny.{key}={value}" for key, value in
-        (("hidden_size", 32), ("num_layers", 1), ("intermediate_size", 64), ("num_heads", 2), ("num_kv_heads", 1))]
+TINY = ["-c", str(CONFIGS / "debug" / "tiny_model.yaml")]
 QUICK = ["--trainer.max_epochs=1", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
          "--trainer.enable_model_summary=false", "--data.init_args.val_tasks=1"]
 # RolloutDataModule: 2 tasks x 2 attempts, short turns
@@ -552,7 +551,7 @@ def test_discounted_session_mosaic_in_fit(examples, tmp_path, monkeypatch):
         assert got == pytest.approx([w * 0.5 ** kinds[k + 1:].count("compaction") for k, w in enumerate(want)])
         changed += got != pytest.approx(want)
         if any(got):  # a rollout kept for training: each session's rows carried its discounted advantage
-            assert [s.meta["advantage"] for s in rollout.sessions] == pytest.approx(got)
+            assert [s.advantage for s in rollout.sessions] == pytest.approx(got)
     assert changed >= 1
 
 

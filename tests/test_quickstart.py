@@ -17,13 +17,8 @@ from lit_agents.pipelines import quickstart
 from lit_agents.pipelines.quickstart import main
 
 CONFIGS = Path(__file__).parents[1] / "configs"
-TINY = [
-    "model.init_args.policy.init_args.tiny.hidden_size=32",
-    "model.init_args.policy.init_args.tiny.num_layers=1",
-    "model.init_args.policy.init_args.tiny.num_heads=2",
-    "model.init_args.policy.init_args.tiny.num_kv_heads=1",
-    "model.init_args.policy.init_args.tiny.intermediate_size=64",
-]
+# stage 1 on the embedded default at a toy size: `--config` stacks the overlay where it stands
+TINY = [f"config={CONFIGS / 'debug' / 'tiny_model.yaml'}"]
 SHORT = [
     "trainer.max_epochs=1",
     "trainer.check_val_every_n_epoch=1",
