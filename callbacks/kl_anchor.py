@@ -1,10 +1,10 @@
 """KLAnchor: a KL penalty toward a frozen reference policy.
 
 Before each training batch it computes the reference log-probs of the batch's tokens and puts them
-in ``batch["ref_logprobs"]``; the module adds ``coef * KL`` (its ``kl_estimator``) to the loss and
+in ``Batch.ref_logprobs``; the module adds ``coef * KL`` (its ``kl_estimator``) to the loss and
 logs ``train/kl``. A module whose ``kl_needs_distributions`` is true (the exact KL over the
 vocabulary, for off-policy rows) gets the reference's hidden states and output head instead
-(``batch["ref_hidden"]``, ``["ref_head_weight"]``, ``["ref_head_bias"]``). References: the base
+(``Batch.ref_hidden``, ``Batch.ref_head``). References: the base
 with adapters disabled (``"base"``, free under LoRA), a named frozen adapter (Multi2's offline
 executor, ``"executor_offline"``), or a frozen copy of the policy as the run's config built it
 (``"snapshot"``: for full fine-tuning, or LoRA started from an SFT adapter). The snapshot holds
@@ -31,6 +31,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.strategies import FSDPStrategy
 
+from lit_agents.algorithms.collate import Batch
 from lit_agents.strategies import full_parameters
 
 
@@ -114,46 +115,48 @@ class KLAnchor(Callback):
                 yield
 
     @torch.no_grad()
-    def reference_logprobs(self, pl_module: LightningModule, batch: dict[str, Any]) -> torch.Tensor:
+    def reference_logprobs(self, pl_module: LightningModule, batch: Batch) -> torch.Tensor:
         with self.as_reference(pl_module.policy):
-            return pl_module.policy.batch_logprobs(batch, getattr(pl_module, "temperature", 1.0))
+            return pl_module.policy.batch_logprobs(batch.tensors, getattr(pl_module, "temperature", 1.0))
 
     @torch.no_grad()
-    def reference_hidden(self, pl_module: LightningModule, batch: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    def reference_hidden(
+        self, pl_module: LightningModule, batch: Batch
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]]:
         """The reference's last hidden states ``[B, T, H]`` and its output head (weight, bias),
         for a module that compares whole distributions (`losses.token_vocab_kl`)."""
         policy = pl_module.policy
         with self.as_reference(policy):
-            hidden = policy.hidden_states(batch["input_ids"], batch["attention_mask"], batch.get("position_ids"))
+            t = batch.tensors
+            hidden = policy.hidden_states(t["input_ids"], t["attention_mask"], t.get("position_ids"))
             head = policy.model.get_output_embeddings()
             if hasattr(head, "lora_A"):
                 raise ValueError("the exact vocabulary KL reads the reference's head as a plain linear layer; "
                                  "with LoRA on the output head use a sampled estimator (kl_estimator: k3)")
             # detached here, they keep the reference's storage after the live tensors go back
             weight, bias = head.weight.detach(), None if head.bias is None else head.bias.detach()
-        return hidden, weight, bias
+        return hidden, (weight, bias)
 
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        skip = not batch or batch.get("pad_step")  # an empty step (no learning signal)
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Batch, batch_idx: int) -> None:
+        skip = not batch.has_rows  # an empty step (no learning signal) or a DDP pad step
         with full_parameters(trainer):  # entered by every rank: a collective under FSDP
             if not skip and getattr(pl_module, "kl_needs_distributions", False):
-                batch["ref_hidden"], batch["ref_head_weight"], batch["ref_head_bias"] = \
-                    self.reference_hidden(pl_module, batch)
+                batch.ref_hidden, batch.ref_head = self.reference_hidden(pl_module, batch)
             elif not skip:
-                batch["ref_logprobs"] = self.reference_logprobs(pl_module, batch)
+                batch.ref_logprobs = self.reference_logprobs(pl_module, batch)
         if not skip:
             pl_module.kl_coef = self.coef
 
     def on_train_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Batch, batch_idx: int
     ) -> None:
-        if not self.adaptive or not batch or batch.get("pad_step"):
+        if not self.adaptive or not batch.has_rows:
             return
         kl = trainer.callback_metrics.get("train/kl")
         if kl is None:
             return
         error = max(-0.2, min(0.2, float(kl) / self.target_kl - 1.0))
-        self.coef *= 1.0 + error * len(batch["input_ids"]) / self.horizon
+        self.coef *= 1.0 + error * len(batch) / self.horizon
 
     def state_dict(self) -> dict[str, Any]:
         return {"coef": self.coef}

@@ -1,7 +1,7 @@
 """RolloutSamples: what the agent did, in TensorBoard's TEXT and IMAGES tabs.
 
 At the start of each training epoch (after the data module played the epoch's rollouts and the
-module turned them into rows, so sessions carry ``meta["advantage"]``) it logs, on rank zero:
+module turned them into rows, so trained sessions carry their ``advantage``) it logs, on rank zero:
 
 - ``rollout/samples`` (TEXT): a few rollouts as markdown, session by session and turn by turn
   (prompts and completions truncated): the one with the most sessions, then one of the other

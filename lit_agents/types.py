@@ -141,8 +141,12 @@ class Session:
             session opened and closed; None where the loop does not record it.
         goal_progress_before, goal_progress_after: the same for the session's own goal
             (``env.goal_progress``); None without a goal.
+        advantage: the advantage the session's generated tokens were trained with in the epoch
+            that played it (the mean where each call had its own); None if it was not trained
+            (validation, no generated token, a group without signal). Set from the rows by
+            `collate.record_advantages`, so saved rollouts and the viewer show it.
         meta: what a single method reads besides (per-turn progress and errors, Multi2's per-step
-            rewards, the advantage it was trained with, ...).
+            rewards, ...).
     """
 
     session_id: int = 0
@@ -158,6 +162,7 @@ class Session:
     progress_after: float | None = None
     goal_progress_before: float | None = None
     goal_progress_after: float | None = None
+    advantage: float | None = None
 
     @property
     def token_ids(self) -> list[int]:
@@ -230,8 +235,8 @@ class Rollout:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Rollout:
-        """Also reads rollouts saved before a session's goal, success and progress were fields
-        (then in ``meta``; Multi2's executor success as ``meta["met"]``, its goal as ``"subgoal"``)."""
+        """Also reads rollouts saved before a session's goal, success, progress and advantage were
+        fields (then in ``meta``; Multi2's executor success as ``meta["met"]``, its goal as ``"subgoal"``)."""
         sessions = [Session(**_typed({**s, "calls": [Call(**c) for c in s["calls"]]})) for s in data["sessions"]]
         return cls(**{**data, "sessions": sessions})
 
@@ -248,7 +253,7 @@ def _typed(session: dict[str, Any]) -> dict[str, Any]:
         meta["success"] = meta.pop("met")
     if "subgoal" in meta and "goal" not in meta:
         meta["goal"] = meta.pop("subgoal")
-    for key in SESSION_OUTCOME_FIELDS:
+    for key in (*SESSION_OUTCOME_FIELDS, "advantage"):
         if key not in session and key in meta:
             session[key] = meta.pop(key)
     return {**session, "meta": meta}

@@ -6,8 +6,8 @@
 The page lists the rollouts (task, group, success, reward, sessions; filter and sort), draws the
 selected rollout's sessions as an SVG graph (`layout`: a compaction chain left to right, forked
 subagents and child nodes below their parent) and shows a clicked session's turns: each call's
-prompt and completion, the session's reward and advantage (``meta["advantage"]``, which
-`algorithms.collate.session_rows` records on training rollouts). Everything is inline (CSS,
+prompt and completion, the session's reward and advantage (``Session.advantage``, which
+`algorithms.collate.record_advantages` sets on training rollouts). Everything is inline (CSS,
 vanilla JS, SVG, the rollouts as JSON): the file opens offline, from disk, in any browser.
 Rollouts come from ``save_rollouts: true`` (`data.rollouts.AgentDataModule`); docs/viewer.md.
 """
@@ -97,8 +97,8 @@ def node_label(session: Session) -> tuple[str, str]:
     parts = [f"d{session.depth}"]
     if session.reward is not None:
         parts.append(f"r {session.reward:.2f}")
-    if "advantage" in session.meta:
-        parts.append(f"A {float(session.meta['advantage']):+.2f}")
+    if session.advantage is not None:
+        parts.append(f"A {session.advantage:+.2f}")
     return f"#{session.session_id} {session.kind}", " · ".join(parts)
 
 
@@ -134,10 +134,10 @@ def _mean(values: Sequence[float]) -> float | None:
 
 def _session_data(session: Session, pos: tuple[float, float]) -> dict[str, Any]:
     typed = {k: getattr(session, k) for k in SESSION_OUTCOME_FIELDS if getattr(session, k) not in (None, "")}
-    meta = {**typed, **{k: v for k, v in session.meta.items() if k != "advantage"}}
+    meta = {**typed, **session.meta}
     return {
         "id": session.session_id, "kind": session.kind, "parent": session.parent, "depth": session.depth,
-        "reward": session.reward, "advantage": session.meta.get("advantage"), "meta": meta,
+        "reward": session.reward, "advantage": session.advantage, "meta": meta,
         "x": pos[0], "y": pos[1], "tokens": session.num_tokens, "generated": session.num_generated,
         "calls": [{"prompt": c.prompt_text, "completion": c.completion_text, "role": c.role,
                    "version": c.policy_version, "prompt_tokens": len(c.prompt_ids),

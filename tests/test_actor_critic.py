@@ -7,6 +7,7 @@ import torch
 from lightning.pytorch import Trainer
 
 from lit_agents.agents import HierarchicalAgent
+from lit_agents.algorithms.collate import Batch
 from lit_agents.callbacks import KLAnchor
 from lit_agents.data import DemonstrationDataModule, RolloutDataModule
 from lit_agents.modules import System1SFT, System2ActorCritic
@@ -96,7 +97,7 @@ def test_v_reads_the_state_so_q_minus_v_ranks_actions_from_it(tiny_config):
     assert torch.equal(t["s"][0], t["s"][1]) and not torch.equal(t["h"][0], t["h"][1])
     opt = torch.optim.Adam([*module.q.parameters(), *module.v.parameters()], lr=1e-2)
     for _ in range(400):
-        critic_loss, _, _ = module._losses(batch)
+        critic_loss, _, _ = module._losses(Batch(batch))
         opt.zero_grad()
         critic_loss.backward()
         opt.step()
@@ -154,14 +155,14 @@ def test_online_vocab_kl_is_flat_at_the_offline_executor_and_pulls_toward_it(tin
     module = System2ActorCritic(policy, phase="online", head_width=8)
     assert module.kl_needs_distributions
     rollout = HierarchicalAgent().expert_rollout(policy, textcraft, textcraft.tasks("train")[1])
-    batch = collate_rows(module.demonstration_rows([rollout]), policy.pad_id, with_meta=True)
+    tensors = collate_rows(module.demonstration_rows([rollout]), policy.pad_id, with_meta=True)
     anchor = KLAnchor(coef=1.0, reference="executor_offline")
     params = [p for p in policy.parameters() if p.requires_grad]
 
     def kl() -> torch.Tensor:
-        b = dict(batch)
-        b["ref_hidden"], b["ref_head_weight"], b["ref_head_bias"] = anchor.reference_hidden(module, b)
-        return module._kl(module._transitions(b), b)
+        b = Batch(tensors)
+        b.ref_hidden, b.ref_head = anchor.reference_hidden(module, b)
+        return module._kl(module._transitions(b.tensors), b)
 
     at_start = kl()
     grads = torch.autograd.grad(at_start, params, allow_unused=True)

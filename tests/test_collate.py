@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lit_agents.algorithms.collate import (
+    Batch,
     Row,
     batches_by_tokens,
     collate_packed,
@@ -16,6 +17,7 @@ from lit_agents.algorithms.collate import (
     group_steps,
     pack_rows,
     packs_by_tokens,
+    record_advantages,
     segments_row,
     session_rows,
 )
@@ -55,7 +57,7 @@ def test_two_call_session_layout_and_skip_empty() -> None:
     assert row.role == "executor"
     assert row.meta == {
         "session_id": 0, "kind": "main", "depth": 0, "truncated": False, "tokens_dropped": 0,
-        "rollout": 0, "group_id": 3, "task_id": "t0",
+        "rollout": 0, "session": 0, "advantage": 0.5, "group_id": 3, "task_id": "t0",
     }
     second = rows[1]
     assert second.input_ids == [12, 13] and second.advantages == [0.0, -1.0]
@@ -105,6 +107,23 @@ def test_demo_rows() -> None:
         Row([1, 2], [True, True], [0.0, 0.0], [0.0, 0.0])
     with pytest.raises(ValueError, match="length"):
         Row([1, 2], [False], [0.0, 0.0], [0.0, 0.0])
+
+
+def test_batch_forms_are_explicit_and_survive_the_device_transfer() -> None:
+    from lightning.fabric.utilities.apply_func import move_data_to_device
+
+    tensors = collate_rows(session_rows([_rollout()], [[0.5, 0.0, -1.0]]), pad_id=99, with_meta=True)
+    batch = Batch(tensors, step_tokens=7, accumulate=2)
+    assert batch.has_rows and len(batch) == len(tensors["input_ids"]) > 0
+    assert not Batch.empty().has_rows and len(Batch.empty()) == 0 and Batch.empty().kind == "empty"
+    assert Batch.pad().kind == "pad" and not Batch.pad().has_rows
+    with pytest.raises(ValueError, match="needs tensors"):
+        Batch({})
+    with pytest.raises(ValueError, match="has no tensors"):
+        Batch(tensors, kind="pad")
+    moved = move_data_to_device(batch, torch.device("cpu"))  # what Lightning does before training_step
+    assert isinstance(moved, Batch) and moved.step_tokens == 7 and moved.accumulate == 2
+    assert moved.tensors["meta"] == tensors["meta"] and torch.equal(moved.tensors["input_ids"], tensors["input_ids"])
 
 
 def test_collate_pads_right() -> None:
@@ -197,8 +216,10 @@ def test_per_call_advantages_land_on_each_calls_completion() -> None:
     (row,) = session_rows([rollout], [[[0.5, -2.0]]])
     # tokens: prompt 1 2 3, completion 4 5 (call 0), prompt 6, completion 7 8 9 (call 1)
     assert row.advantages == [0.0, 0.0, 0.0, 0.5, 0.5, 0.0, -2.0, -2.0, -2.0]
-    assert rollout.sessions[0].meta["call_advantages"] == [0.5, -2.0]
-    assert rollout.sessions[0].meta["advantage"] == pytest.approx(-0.75)
+    assert row.meta["advantage"] == pytest.approx(-0.75) and row.meta["session"] == 0
+    assert rollout.sessions[0].advantage is None  # session_rows leaves its input alone
+    record_advantages([rollout], [row])
+    assert rollout.sessions[0].advantage == pytest.approx(-0.75)
     with pytest.raises(ValueError, match="2 calls but 3 advantages"):
         session_rows([rollout], [[[0.5, -2.0, 1.0]]])
 

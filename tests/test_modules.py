@@ -293,8 +293,9 @@ def test_packed_and_padded_epochs_train_the_same_tokens(tiny_config, textcraft, 
         original = module.training_step
 
         def step(batch, batch_idx, original=original, batches=batches):
-            batches.append((int(batch["action_mask"].sum()), int(batch["attention_mask"].sum()),
-                            batch["input_ids"].numel(), "position_ids" in batch))
+            t = batch.tensors
+            batches.append((int(t["action_mask"].sum()), int(t["attention_mask"].sum()),
+                            t["input_ids"].numel(), "position_ids" in t))
             return original(batch, batch_idx)
 
         module.training_step = step
@@ -320,9 +321,9 @@ def test_bf16_mixed_rollouts_match_training_numerics(tiny_config, textcraft, tmp
 
     def step(batch, batch_idx):
         with torch.no_grad():
-            logp = module.policy.batch_logprobs(batch, module.temperature)
-        mask = batch["action_mask"]
-        gaps.append((logp[mask] - batch["old_logprobs"][mask]).abs().max().item())
+            logp = module.policy.batch_logprobs(batch.tensors, module.temperature)
+        mask = batch.tensors["action_mask"]
+        gaps.append((logp[mask] - batch.tensors["old_logprobs"][mask]).abs().max().item())
         assert torch.is_autocast_enabled("cpu")
         return original(batch, batch_idx)
 
@@ -356,20 +357,21 @@ def test_gradient_accumulation_is_a_token_mean_over_the_whole_step(tiny_config, 
 
     class Check(Callback):
         def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-            batches, seen[:] = [b for b in seen if "input_ids" in b], []
+            batches, seen[:] = [b for b in seen if b.has_rows], []
             params = [p for p in pl_module.policy.parameters() if p.requires_grad]
             got = [p.grad.clone() for p in params]
-            tokens = sum(int(b["action_mask"].sum()) for b in batches)
-            if len(batches) < 2 or len({int(b["action_mask"].sum()) for b in batches}) < 2:
+            tokens = sum(int(b.tensors["action_mask"].sum()) for b in batches)
+            if len(batches) < 2 or len({int(b.tensors["action_mask"].sum()) for b in batches}) < 2:
                 return  # need two batches of different sizes to tell the means apart
             with torch.enable_grad():
-                total = sum(pl_module.policy_loss(pl_module.policy.batch_logprobs(b, pl_module.temperature),
-                                                  b["old_logprobs"], b["advantages"], b["action_mask"],
-                                                  normalizer=float(tokens)).loss for b in batches)
+                total = sum(pl_module.policy_loss(pl_module.policy.batch_logprobs(b.tensors, pl_module.temperature),
+                                                  b.tensors["old_logprobs"], b.tensors["advantages"],
+                                                  b.tensors["action_mask"], normalizer=float(tokens)).loss
+                            for b in batches)
                 want = torch.autograd.grad(total, params)
             for g, w in zip(got, want):
                 torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
-            assert all(b["step_tokens"] == tokens for b in batches)
+            assert all(b.step_tokens == tokens for b in batches)
             checked.append(len(batches))
 
     Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
@@ -445,8 +447,8 @@ def test_every_optimizer_step_holds_whole_groups_of_both_signs(tiny_config, text
 
     class Record(Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            if batch.get("input_ids") is not None:
-                current.append(batch)
+            if batch.has_rows:
+                current.append(batch.tensors)
 
         def on_before_optimizer_step(self, trainer, pl_module, optimizer):
             steps.append(list(current))

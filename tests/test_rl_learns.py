@@ -79,8 +79,8 @@ class Record(Callback):
         self._signs: set[int] = set()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if batch.get("input_ids") is not None:
-            adv = batch["advantages"][batch["action_mask"]]
+        if batch.has_rows:
+            adv = batch.tensors["advantages"][batch.tensors["action_mask"]]
             self._signs |= {int(s) for s in adv.sign().unique().tolist() if s != 0}
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):

@@ -16,7 +16,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from lit_agents.agents import ReActAgent, written_call
 from lit_agents.agents.multisession import MultiSessionAgent
-from lit_agents.algorithms.collate import session_rows
+from lit_agents.algorithms.collate import record_advantages, session_rows
 from lit_agents.callbacks import RolloutSamples
 from lit_agents.callbacks.rollout_samples import clip, pick_samples, rollout_markdown
 from lit_agents.cli import main as cli
@@ -117,13 +117,17 @@ def test_view_command_writes_the_page_and_prints_its_path(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------- advantages in saved rollouts
-def test_session_rows_record_each_sessions_advantage():
+def test_each_trained_sessions_advantage_is_recorded_and_saved():
     rollout = _chain_with_forks()
-    rollout.sessions.append(Session(5, "subagent", 0, 1))  # no call: no row, still an advantage
+    rollout.sessions.append(Session(5, "subagent", 0, 1))  # no call: no row, nothing trained, no advantage
     rows = session_rows([rollout], [[0.5, 0.7, 0.2, -0.4, 0.5, 0.1]])
-    assert len(rows) == 5
-    assert [s.meta["advantage"] for s in rollout.sessions] == [0.5, 0.7, 0.2, -0.4, 0.5, 0.1]
-    assert Rollout.from_dict(json.loads(json.dumps(rollout.to_dict()))).sessions[3].meta["advantage"] == -0.4
+    assert len(rows) == 5 and all(s.advantage is None for s in rollout.sessions)
+    record_advantages([rollout], rows)
+    assert [s.advantage for s in rollout.sessions] == [0.5, 0.7, 0.2, -0.4, 0.5, None]
+    assert Rollout.from_dict(json.loads(json.dumps(rollout.to_dict()))).sessions[3].advantage == -0.4
+    old = rollout.to_dict()  # saved before the advantage was a field: it lived in meta
+    old["sessions"][3]["meta"]["advantage"] = old["sessions"][3].pop("advantage")
+    assert Rollout.from_dict(old).sessions[3].advantage == -0.4
 
 
 def test_a_sessions_goal_success_and_progress_are_fields_and_old_files_still_load():
@@ -168,8 +172,8 @@ def test_fit_saves_train_rollouts_with_advantages_and_logs_samples_to_tensorboar
     train = read_rollouts([folder / "train-epoch0000-rank0.jsonl"])
     val = read_rollouts([folder / "val-epoch0000-rank0.jsonl"])
     assert len(train) == 4 and len(val) == 2
-    assert all(isinstance(s.meta["advantage"], float) for _, r in train for s in r.sessions)
-    assert not any("advantage" in s.meta for _, r in val for s in r.sessions)  # no rows, no advantages
+    assert all(isinstance(s.advantage, float) for _, r in train for s in r.sessions)
+    assert all(s.advantage is None for _, r in val for s in r.sessions)  # no rows, no advantages
     events = EventAccumulator(logger.log_dir, size_guidance={"tensors": 0, "images": 0})
     events.Reload()
     assert "rollout/graph" in events.Tags()["images"]
@@ -233,7 +237,7 @@ def _chromium(url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProce
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="headless check needs /usr/bin/chromium (apt-get install chromium)")
 def test_page_of_multisession_rollouts_renders_in_headless_chromium(policy, textcraft, tmp_path):
     rollouts = _Scripted(textcraft).run(policy, textcraft, [textcraft.tasks("train")[1]], group_size=2)
-    MosaicPolicy(policy, drop_zero_signal=False).rollouts_to_rows(rollouts)  # advantages into meta
+    record_advantages(rollouts, MosaicPolicy(policy, drop_zero_signal=False).rollouts_to_rows(rollouts))
     first = rollouts[0]
     assert [s.kind for s in first.sessions] == ["main", "subagent", "compaction"]
     path = tmp_path / "train-epoch0000-rank0.jsonl"
@@ -245,7 +249,7 @@ def test_page_of_multisession_rollouts_renders_in_headless_chromium(policy, text
     assert dom.count('<g class="node') == len(first.sessions)
     assert dom.count('<li class="turn"') == len(first.sessions[0].calls)
     assert html.escape(first.sessions[0].calls[0].completion_text, quote=False) in dom
-    advantage = first.sessions[0].meta["advantage"]
+    advantage = first.sessions[0].advantage
     assert f"advantage<b>{'+' if advantage > 0 else ''}{advantage:.3f}</b>" in dom
 
     dom = _chromium(page.as_uri() + "#r=2&s=3", tmp_path, "--dump-dom").stdout  # hand-built rollout, session 3

@@ -3,7 +3,8 @@
 One row per context window (docs/architecture.md, Data model): an append-only session becomes one ``Row`` holding
 exactly the sampled token ids, with ``action_mask`` True on the generated tokens, the sampler's
 log-probs and the session's advantage on those tokens. Supervised demonstrations are rows too,
-with ``action_mask`` on the target tokens. ``collate_rows`` pads rows into tensors;
+with ``action_mask`` on the target tokens. ``collate_rows`` pads rows into tensors (wrapped in a
+``Batch``, what a module's ``training_step`` gets);
 ``group_steps`` splits an epoch's rows into optimizer steps of whole groups (every row of
 each task's G rollouts in one step, so each step's advantages are those of complete groups);
 ``batches_by_tokens`` groups a step's rows of similar length under a token budget
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -30,10 +31,12 @@ from lit_agents.types import Rollout, Session
 
 __all__ = [
     "Row",
+    "Batch",
     "segments_row",
     "demo_row",
     "session_row",
     "session_rows",
+    "record_advantages",
     "transition_rows",
     "collate_rows",
     "batches_by_tokens",
@@ -82,6 +85,55 @@ class Row:
     @property
     def num_trained(self) -> int:
         return sum(self.action_mask)
+
+
+@dataclass
+class Batch:
+    """A micro-batch as a module's ``training_step`` receives it, in one of three forms (``kind``):
+
+    - ``"rows"``: ``tensors`` holds the collated rows (`collate_rows` or `collate_packed` with
+      ``meta``): ``input_ids``, ``attention_mask``, ``action_mask``, ``old_logprobs``,
+      ``advantages``, ``meta``, and ``position_ids`` when packed;
+    - ``"empty"`` (`Batch.empty`): no rows on any rank (no group of the epoch has a learning
+      signal): the module skips the update;
+    - ``"pad"`` (`Batch.pad`): under DDP this rank has no rows left while another still steps: the
+      module takes a zero-gradient step through the same path, so the gradient all-reduces match.
+
+    ``step_tokens``: under gradient accumulation, the trained tokens of the whole optimizer step
+    this micro-batch is one of ``accumulate`` parts of (`AgentModule.loss_normalizer` divides by
+    it, so a step is one token mean over its micro-batches); None without accumulation. A KL anchor
+    (`callbacks.KLAnchor`) fills the reference: ``ref_logprobs`` (``[B, T]``, the reference's
+    log-prob of each token) or, for the exact vocabulary KL, ``ref_hidden`` (``[B, T, H]``) and
+    ``ref_head`` (its output layer's weight and bias).
+    """
+
+    tensors: dict[str, Any] = field(default_factory=dict)
+    kind: Literal["rows", "empty", "pad"] = "rows"
+    step_tokens: int | None = None
+    accumulate: int = 1
+    ref_logprobs: Tensor | None = None
+    ref_hidden: Tensor | None = None
+    ref_head: tuple[Tensor, Tensor | None] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.kind == "rows") != bool(self.tensors):
+            raise ValueError(f"a {self.kind!r} batch {'needs' if self.kind == 'rows' else 'has no'} tensors")
+
+    @classmethod
+    def empty(cls) -> Batch:
+        return cls(kind="empty")
+
+    @classmethod
+    def pad(cls) -> Batch:
+        return cls(kind="pad")
+
+    @property
+    def has_rows(self) -> bool:
+        return self.kind == "rows"
+
+    def __len__(self) -> int:
+        """Sequences in the batch (rows, or packs when packed); 0 for the empty and pad forms."""
+        return len(self.tensors["input_ids"]) if self.has_rows else 0
 
 
 def segments_row(
@@ -185,10 +237,10 @@ def session_rows(
     a list there gives each call of the session its own advantage (`session_row`).
     Sessions with no generated token (also after truncation) give no row. Each row's ``meta``
     holds ``rollout`` (index into ``rollouts``), ``group_id``, ``task_id``, ``session_id``,
-    ``kind``, ``depth``, ``truncated`` and ``tokens_dropped``; its role is the first call's role
-    (a session is assumed to have one role). Each session also keeps its advantage in
-    ``session.meta["advantage"]`` (saved rollouts and the viewer show it; per-call advantages:
-    their mean there, the list in ``meta["call_advantages"]``).
+    ``kind``, ``depth``, ``truncated``, ``tokens_dropped``, ``session`` (index into the rollout's
+    sessions) and ``advantage`` (the session's; the mean of its calls' where each has its own);
+    its role is the first call's role (a session is assumed to have one role). The rollouts are
+    not modified (`record_advantages` copies the advantages onto the sessions).
 
     Args:
         rollouts: the rollouts.
@@ -210,17 +262,24 @@ def session_rows(
             raise ValueError(
                 f"rollout {i} has {len(rollout.sessions)} sessions but {len(advs)} advantages"
             )
-        for session, adv in zip(rollout.sessions, advs):
-            if isinstance(adv, (int, float)):
-                session.meta["advantage"] = float(adv)
-            else:
-                session.meta["call_advantages"] = [float(a) for a in adv]
-                session.meta["advantage"] = sum(adv) / max(len(adv), 1)
+        for k, (session, adv) in enumerate(zip(rollout.sessions, advs)):
             row = session_row(session, adv, max_tokens) if session.num_generated else None
             if row is not None:
-                row.meta.update(rollout=i, group_id=rollout.group_id, task_id=rollout.task_id)
+                mean = float(adv) if isinstance(adv, (int, float)) else sum(adv) / max(len(adv), 1)
+                row.meta.update(rollout=i, session=k, advantage=mean, group_id=rollout.group_id,
+                                task_id=rollout.task_id)
                 rows.append(row)
     return rows
+
+
+def record_advantages(rollouts: list[Rollout], rows: list[Row]) -> None:
+    """Set ``Session.advantage`` of every session a row of `session_rows` trains (rows whose
+    ``meta`` names their ``rollout``, ``session`` and ``advantage``; other rows are skipped):
+    what the saved rollouts and the viewer show. Sessions without a row keep None."""
+    for row in rows:
+        meta = row.meta
+        if {"rollout", "session", "advantage"} <= meta.keys():
+            rollouts[meta["rollout"]].sessions[meta["session"]].advantage = meta["advantage"]
 
 
 def transition_rows(rollouts: list[Rollout], role: str) -> list[Row]:

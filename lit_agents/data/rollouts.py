@@ -28,12 +28,14 @@ from torch.utils.data import DataLoader, IterableDataset
 from lit_agents.agents.base import Agent
 from lit_agents.agents.react import ReActAgent
 from lit_agents.algorithms.collate import (
+    Batch,
     Row,
     batches_by_tokens,
     collate_packed,
     collate_rows,
     group_steps,
     packs_by_tokens,
+    record_advantages,
 )
 from lit_agents.data.demos import expert_episodes, read_episodes, write_episodes
 from lit_agents.envs.base import Split, Task, TextEnv
@@ -51,8 +53,9 @@ PAD_STEP: list = []
 
 class _Batches(IterableDataset):
     """A fixed list of batches (an IterableDataset so no sampler is injected), collated when
-    iterated: a batch is a list of rows (padded) or a list of packs (lists of rows). With
-    gradient accumulation each batch also carries its optimizer step's trained-token count."""
+    iterated into `Batch` objects: a batch is a list of rows (padded) or a list of packs (lists of
+    rows), ``[]`` an empty step, ``PAD_STEP`` a pad step. With gradient accumulation each batch
+    also carries its optimizer step's trained-token count."""
 
     def __init__(
         self, batches: list[list], pad_id: int, step_tokens: list[int] | None = None, accumulate: int = 1
@@ -63,21 +66,16 @@ class _Batches(IterableDataset):
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Batch]:
         for i, items in enumerate(self.batches):
             if items is PAD_STEP:
-                yield {"pad_step": True}  # this rank has no rows left; the other ranks still step
-                continue
-            if not items:
-                yield {}  # nothing to learn this step, on any rank
-                continue
-            if isinstance(items[0], list):
-                batch = collate_packed(items, self.pad_id, with_meta=True)
+                yield Batch.pad()  # this rank has no rows left; the other ranks still step
+            elif not items:
+                yield Batch.empty()  # nothing to learn this step, on any rank
             else:
-                batch = collate_rows(items, self.pad_id, with_meta=True)
-            if self.step_tokens is not None:
-                batch["step_tokens"], batch["accumulate"] = self.step_tokens[i], self.accumulate
-            yield batch
+                collate = collate_packed if isinstance(items[0], list) else collate_rows
+                tokens = None if self.step_tokens is None else self.step_tokens[i]
+                yield Batch(collate(items, self.pad_id, with_meta=True), step_tokens=tokens, accumulate=self.accumulate)
 
 
 def _trained_tokens(items: list) -> int:
@@ -115,7 +113,7 @@ class AgentDataModule(LightningDataModule):
         val_chunk: tasks played per validation batch.
         seed: seed for task sampling and rollouts.
         save_rollouts: also write every rollout played to ``<log_dir>/rollouts/*.jsonl``
-            (``{train,val}-epochNNNN-rankR.jsonl``; train sessions with ``meta["advantage"]``);
+            (``{train,val}-epochNNNN-rankR.jsonl``; trained sessions with their ``advantage``);
             ``lit-agents view`` shows them (docs/viewer.md).
     """
 
@@ -215,7 +213,7 @@ class AgentDataModule(LightningDataModule):
     def _loader(self, steps: list[list[list]], k: int | None = None) -> DataLoader:
         """Serve optimizer steps, each a list of micro-batches (lists of rows or packs).
 
-        Every step is padded to the same number of micro-batches ``k`` with ``pad_step`` batches
+        Every step is padded to the same number of micro-batches ``k`` with pad batches (`Batch.pad`)
         (a zero-gradient step in the modules), and the trainer accumulates gradients over ``k``
         batches, so each step is one optimizer step; every batch carries its step's trained-token
         count, so the modules normalize the loss by the step's tokens (one token mean over the
@@ -336,7 +334,8 @@ class RolloutDataModule(AgentDataModule):
         rollouts = self.play(tasks, self.group_size, greedy=False, seed=epoch, group_offset=offset)
         self.last_rollouts, self.last_rollout_seconds = rollouts, time.perf_counter() - started
         rows = module.rollouts_to_rows(rollouts)
-        self._write(rollouts, "train")  # after the rows: sessions carry meta["advantage"]
+        record_advantages(rollouts, rows)  # the saved rollouts show what each session was trained with
+        self._write(rollouts, "train")
         rng = random.Random(self.seed * 31 + epoch)
         steps = [self.token_batches(step) for _ in range(self.update_epochs)
                  for step in group_steps(rows, self.mini_batches, rng)]

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_agents.algorithms.advantages import group_stats
-from lit_agents.algorithms.collate import Row, transition_rows
+from lit_agents.algorithms.collate import Batch, Row, transition_rows
 from lit_agents.algorithms.losses import (
     awac_weights,
     expectile_loss,
@@ -234,11 +234,11 @@ class System2ActorCritic(AgentModule):
             "hidden": hidden,
         }
 
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        if not batch:
+    def training_step(self, batch: Batch, batch_idx: int) -> None:
+        if batch.kind == "empty":
             return
         actor_opt, critic_opt = self.optimizers()
-        if batch.get("pad_step"):  # DDP: zero-gradient steps through the same path as the other ranks'
+        if batch.kind == "pad":  # DDP: zero-gradient steps through the same path as the other ranks'
             critic_loss = self.zero_loss([*self.q.parameters(), *self.v.parameters()])
             actor_loss, stats = self.zero_loss(self.policy.parameters()), None
         else:
@@ -256,15 +256,15 @@ class System2ActorCritic(AgentModule):
             actor_opt.step()
         if stats is None:
             return
-        self.log_dict({f"train/{k}": v for k, v in stats.items()}, batch_size=len(batch["meta"]))
-        self.log("train/loss", actor_loss.detach(), prog_bar=True, batch_size=len(batch["meta"]))
+        self.log_dict({f"train/{k}": v for k, v in stats.items()}, batch_size=len(batch))
+        self.log("train/loss", actor_loss.detach(), prog_bar=True, batch_size=len(batch))
         if self.phase == "online":
             self.log("train/buffer_size", float(len(self.buffer)), on_step=False, on_epoch=True)
 
-    def _losses(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def _losses(self, batch: Batch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """Critic loss (TD for Q; expectile for V offline), actor loss (weighted log-likelihood,
         plus KL to the offline executor online) and statistics for one batch."""
-        t = self._transitions(batch)
+        t = self._transitions(batch.tensors)
         h, s = t["h"].detach(), t["s"].detach()
         hp = self.hparams
         with torch.no_grad():
@@ -286,7 +286,7 @@ class System2ActorCritic(AgentModule):
             adv = q_target - group_stats(q_target, t["episodes"]).mean.to(q_target.dtype)
         weights = self.actor_weights(adv, t["episodes"])
         actor_loss = -(weights * t["logp"]).mean()
-        if self.phase == "online" and ("ref_logprobs" in batch or "ref_hidden" in batch):
+        if self.phase == "online" and (batch.ref_logprobs is not None or batch.ref_hidden is not None):
             kl = self._kl(t, batch)
             actor_loss = actor_loss + self.kl_coef * kl
             stats["kl"] = kl.detach()
@@ -294,18 +294,19 @@ class System2ActorCritic(AgentModule):
                      weight_max=weights.max(), logp=t["logp"].detach().mean())
         return critic_loss, actor_loss, stats
 
-    def _kl(self, t: dict[str, Tensor], batch: dict[str, Any]) -> Tensor:
+    def _kl(self, t: dict[str, Tensor], batch: Batch) -> Tensor:
         """Mean over the batch's action tokens of the KL to the reference (``kl_estimator``)."""
-        mask = batch["action_mask"]
-        if "ref_hidden" in batch:
+        mask = batch.tensors["action_mask"]
+        if batch.ref_hidden is not None:
             head = self.policy.model.get_output_embeddings()
-            per_token = token_vocab_kl(t["hidden"], batch["ref_hidden"], head.weight, batch["ref_head_weight"], mask,
-                                       head.bias, batch.get("ref_head_bias"), self.policy.logprob_chunk_size)
+            ref_weight, ref_bias = batch.ref_head
+            per_token = token_vocab_kl(t["hidden"], batch.ref_hidden, head.weight, ref_weight, mask,
+                                       head.bias, ref_bias, self.policy.logprob_chunk_size)
             return masked_mean(per_token, mask)
         if self.hparams.kl_estimator == "vocab":
             raise ValueError("kl_estimator 'vocab' needs the reference's hidden states: KLAnchor hands them over "
                              "when the module's kl_needs_distributions is true")
-        return masked_mean(kl_estimate(t["token_logp"], batch["ref_logprobs"], self.hparams.kl_estimator), mask)
+        return masked_mean(kl_estimate(t["token_logp"], batch.ref_logprobs, self.hparams.kl_estimator), mask)
 
     @torch.no_grad()
     def _polyak(self) -> None:

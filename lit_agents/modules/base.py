@@ -28,7 +28,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lit_agents.algorithms.advantages import zero_signal_fraction
-from lit_agents.algorithms.collate import Row, session_rows
+from lit_agents.algorithms.collate import Batch, Row, session_rows
 from lit_agents.data.rollouts import AgentDataModule
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Rollout
@@ -150,19 +150,19 @@ class AgentModule(LightningModule):
     # ------------------------------------------------------------------ optimisation
     def zero_loss(self, params: Any = None) -> Tensor:
         """A loss of 0 that reaches every trainable parameter (of ``params``; default: the
-        module's): the step a rank takes on a ``pad_step`` batch under DDP, so its gradient
+        module's): the step a rank takes on a pad batch (`Batch.pad`) under DDP, so its gradient
         all-reduce matches the other ranks'."""
         params = self.parameters() if params is None else params
         return sum((p.sum() * 0.0 for p in params if p.requires_grad), torch.zeros((), device=self.device))
 
     @staticmethod
-    def loss_normalizer(batch: dict[str, Any], constant: float | None = None) -> float | None:
+    def loss_normalizer(batch: Batch, constant: float | None = None) -> float | None:
         """Divisor of a batch's summed token losses: ``constant`` if given (Dr. GRPO), else
         under gradient accumulation the optimizer step's trained tokens / k (Lightning divides
         each batch's loss by k again), else ``None`` (the batch's token mean)."""
-        if constant is not None or "step_tokens" not in batch:
+        if constant is not None or batch.step_tokens is None:
             return constant
-        return max(float(batch["step_tokens"]), 1.0) / batch["accumulate"]
+        return max(float(batch.step_tokens), 1.0) / batch.accumulate
 
     def configure_optimizers(self) -> Any:
         params = [p for p in self.policy.parameters() if p.requires_grad]

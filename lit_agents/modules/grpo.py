@@ -5,7 +5,7 @@ per rollout (GRPO by default; any ``(rewards [N], group_ids [N]) -> [N]`` callab
 `rloo_advantages`, set from YAML), copied to every generated token of the rollout's sessions,
 and a PPO-clip (default, eps 0.2/0.28) or CISPO loss against the sampler's log-probs. A KL
 penalty to a reference is added when a `KLAnchor` callback supplies reference log-probs
-(``batch["ref_logprobs"]``). Deviations from DeepSeekMath's GRPO: token-mean over the batch
+(``Batch.ref_logprobs``). Deviations from DeepSeekMath's GRPO: token-mean over the batch
 (Dr.-GRPO's constant normaliser is an option); zero-signal groups are dropped by default
 **[choice]**: their advantages are 0 and they would only cost compute.
 
@@ -29,7 +29,7 @@ from lit_agents.algorithms.advantages import (
     grpo_advantages,
     turn_credit,
 )
-from lit_agents.algorithms.collate import Row, session_rows
+from lit_agents.algorithms.collate import Batch, Row, session_rows
 from lit_agents.algorithms.losses import LossOutput, cispo_loss, kl_loss, ppo_clip_loss
 from lit_agents.modules.base import AgentModule, import_callable
 from lit_agents.policy import AgentPolicy
@@ -197,20 +197,21 @@ class GRPOPolicy(AgentModule):
             rollouts, per_session = [r for r, _ in kept], [a for _, a in kept]
         return session_rows(rollouts, per_session, self.hparams.max_row_tokens)
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
-        if batch.get("pad_step"):  # this rank's step has fewer micro-batches than the longest step
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor | None:
+        if batch.kind == "pad":  # this rank's step has fewer micro-batches than the longest step
             return self.zero_loss()
-        if not batch:  # no group with a learning signal this epoch, on any rank: skip the update
+        if batch.kind == "empty":  # no group with a learning signal this epoch, on any rank: skip the update
             return None
-        logp, entropy = self.policy.batch_logprobs(batch, self.temperature, entropy=True)
-        mask = batch["action_mask"]
-        self._health.add(entropy, batch["advantages"], mask)
+        t = batch.tensors
+        logp, entropy = self.policy.batch_logprobs(t, self.temperature, entropy=True)
+        mask = t["action_mask"]
+        self._health.add(entropy, t["advantages"], mask)
         normalizer = self.loss_normalizer(batch, self.hparams.normalizer)
-        out = self.policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask, normalizer=normalizer)
+        out = self.policy_loss(logp, t["old_logprobs"], t["advantages"], mask, normalizer=normalizer)
         loss = out.loss
         size = len(logp)
-        if "ref_logprobs" in batch:
-            kl = kl_loss(logp, batch["ref_logprobs"], mask, self.hparams.kl_estimator, normalizer)
+        if batch.ref_logprobs is not None:
+            kl = kl_loss(logp, batch.ref_logprobs, mask, self.hparams.kl_estimator, normalizer)
             loss = loss + self.kl_coef * kl.loss
             self.log("train/kl", kl.stats["kl"], batch_size=size)
             self.log("train/kl_coef", self.kl_coef, batch_size=size)

@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lit_agents.algorithms.collate import Row
+from lit_agents.algorithms.collate import Batch, Row
 from lit_agents.algorithms.losses import sft_loss
 from lit_agents.modules.base import AgentModule
 from lit_agents.policy import AgentPolicy
@@ -54,14 +54,15 @@ class System1SFT(AgentModule):
         rows = super().demonstration_rows(rollouts)
         return rows if self.role is None else [r for r in rows if r.role == self.role]
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
-        if batch.get("pad_step"):  # DDP: this rank has no rows left this epoch
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor | None:
+        if batch.kind == "pad":  # DDP: this rank has no rows left this epoch
             return self.zero_loss()
-        if not batch:
+        if batch.kind == "empty":
             return None
-        logp = self.policy.batch_logprobs(batch)
-        out = sft_loss(logp, batch["action_mask"], self.loss_normalizer(batch))
-        tokens = batch["action_mask"].sum()
+        logp = self.policy.batch_logprobs(batch.tensors)
+        mask = batch.tensors["action_mask"]
+        out = sft_loss(logp, mask, self.loss_normalizer(batch))
+        tokens = mask.sum()
         self.log("train/loss", out.loss, prog_bar=True, batch_size=len(logp))
         self.log_dict({f"train/{k}": v for k, v in out.stats.items() if k != "tokens"}, batch_size=len(logp))
         self.log("train/target_tokens", tokens.float(), reduce_fx=torch.sum, on_step=False, on_epoch=True)

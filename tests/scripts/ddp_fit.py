@@ -48,7 +48,7 @@ class Record(Callback):
         self.pad_steps = 0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self.pad_steps += bool(batch.get("pad_step"))
+        self.pad_steps += batch.kind == "pad"
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         rollouts = trainer.datamodule.last_rollouts
