@@ -343,6 +343,59 @@ class AgentPolicy(nn.Module):
             yield
 
     @contextlib.contextmanager
+    def merged_adapter(self) -> Iterator[bool]:
+        """Generation with the adapter folded into the weights: each adapted layer's base weight
+        is replaced by ``W + scale * B @ A`` (peft's ``get_delta_weight``) and the adapters are
+        bypassed, one matrix product a layer instead of three; on exit the original weight
+        tensors are put back as they were (nothing is added to or subtracted from them). Yields
+        whether it merged, which it does only where the merged model is the policy that trains:
+        eval mode, one role (a loop that switches roles mid-rollout needs live adapters), float32
+        weights outside autocast (in bf16, rounding ``W + delta`` would swallow most of a small
+        delta), no adapted weight shared with another layer (tied embeddings), nothing sharded.
+        Costs one copy of the adapted weights while it lasts (`GenerationEngine` users: the data
+        modules' rollouts and evaluation enter it)."""
+        layers = self._mergeable_layers()
+        if not layers:
+            yield False
+            return
+        originals = []
+        try:
+            with torch.no_grad():
+                for layer in layers:
+                    weight = layer.get_base_layer().weight
+                    merged = weight.data + layer.get_delta_weight(self.active_role).to(weight.dtype)
+                    originals.append((weight, weight.data))
+                    weight.data = merged
+            with self.adapters_disabled():
+                yield True
+        finally:
+            for weight, data in originals:
+                weight.data = data
+
+    def _mergeable_layers(self) -> list[nn.Module]:
+        """The LoRA layers `merged_adapter` would fold, or [] where it must not."""
+        if self.training or len(self._roles) != 1 or self.active_role != self._roles[0]:
+            return []
+        with _quiet_peft_and_bnb():
+            from peft.tuners.lora import LoraLayer
+
+        role = self.active_role
+        layers = [m for m in self.model.modules() if isinstance(m, LoraLayer) and role in m.lora_A]
+        if any(layer.use_dora.get(role) or getattr(layer, "lora_bias", {}).get(role) for layer in layers):
+            return []  # DoRA rescales the merged weight; a LoRA bias is not in the delta
+        weights = [layer.get_base_layer().weight for layer in layers]
+        if not layers or any(type(w) is not nn.Parameter or w.dtype != torch.float32 for w in weights):
+            return []  # quantized (bitsandbytes), sharded (DTensor) or low-precision weights
+        if any(torch.is_autocast_enabled(w.device.type) for w in weights[:1]):
+            return []
+        owners: dict[int, int] = {}
+        for _, param in self.model.named_parameters(remove_duplicate=False):
+            owners[id(param)] = owners.get(id(param), 0) + 1
+        if any(owners.get(id(w), 0) != 1 for w in weights):
+            return []  # tied: folding the head's delta would change the embedding too
+        return layers
+
+    @contextlib.contextmanager
     def role(self, role: str) -> Iterator[None]:
         """Temporarily activate ``role``."""
         previous = self.active_role

@@ -232,3 +232,48 @@ def test_rollouts_run_compiled_layers_uncompiled(tiny_config):
     engine.generate([None, None], [[3, 4, 5], [6, 7]], SamplingParams(max_new_tokens=4))
     assert torch._dynamo.utils.counters["stats"]["calls_captured"] == frames  # nothing was traced
     assert all(layer._compiled_call_impl is not None for layer in layers)
+
+
+def test_merged_adapter_generates_as_the_live_adapter_and_restores_the_weights(tiny_config):
+    """Rollouts fold a single LoRA adapter into the weights: the same greedy tokens and log-probs
+    as the live adapter, the original weight tensors back afterwards, and no merge where it would
+    not be the training policy (two roles, bf16 autocast, training mode)."""
+    from lit_agents.generation import GenerationEngine, SamplingParams
+
+    torch.manual_seed(0)
+    policy = AgentPolicy(tiny=tiny_config, lora_r=4, lora_targets="all-linear").eval()
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)  # an adapter that changes what the model writes
+    before = {n: (p.data_ptr(), p.detach().clone()) for n, p in policy.model.named_parameters()}
+    prompts, params = [[3, 4, 5, 6], [7, 8, 9]], SamplingParams(max_new_tokens=12, temperature=0.0)
+
+    def generate():
+        with torch.no_grad():
+            out = GenerationEngine(policy.model, pad_token_id=policy.pad_id).generate([None, None], prompts, params)
+        return [r.token_ids for r in out], torch.tensor([lp for r in out for lp in r.logprobs])
+
+    live_ids, live_lp = generate()
+    with torch.no_grad():
+        base = GenerationEngine(policy.model, pad_token_id=policy.pad_id)
+        with policy.adapters_disabled():
+            base_ids = [r.token_ids for r in base.generate([None, None], prompts, params)]
+    assert base_ids != live_ids  # the adapter matters, so equality below means it was folded in
+    with policy.merged_adapter() as merged:
+        assert merged
+        assert all(before[n][1].ne(p).any() for n, p in policy.model.named_parameters() if "base_layer.weight" in n)
+        merged_ids, merged_lp = generate()
+    assert merged_ids == live_ids
+    torch.testing.assert_close(merged_lp, live_lp, atol=1e-5, rtol=1e-5)
+    for name, p in policy.model.named_parameters():  # the very same tensors, bit for bit
+        assert p.data_ptr() == before[name][0] and torch.equal(p, before[name][1]), name
+
+    with torch.autocast("cpu", dtype=torch.bfloat16), policy.merged_adapter() as merged:
+        assert not merged
+    policy.train()
+    with policy.merged_adapter() as merged:
+        assert not merged
+    two = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4).eval()
+    with two.merged_adapter() as merged:
+        assert not merged

@@ -13,6 +13,7 @@ Under DDP every rank plays its own tasks, whole groups on one rank.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -178,8 +180,11 @@ class AgentDataModule(LightningDataModule):
         policy.eval()
         try:
             # rollouts run under the trainer's precision (bf16-mixed: autocast), as training does,
-            # with whole parameters where the strategy shards them
-            with torch.no_grad(), trainer.precision_plugin.forward_context(), full_parameters(trainer):
+            # with whole parameters where the strategy shards them, and a LoRA adapter folded into
+            # the weights where that is exact (`AgentPolicy.merged_adapter`; never on sharded ones)
+            sharded = isinstance(trainer.strategy, FSDPStrategy)
+            with torch.no_grad(), trainer.precision_plugin.forward_context(), full_parameters(trainer), \
+                    (contextlib.nullcontext() if sharded else policy.merged_adapter()):
                 rollouts = self.agent.run(
                     policy, self.env, tasks, group_size, greedy=greedy,
                     seed=self.seed * 1_000_003 + seed, group_offset=group_offset,
