@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from lit_agents.algorithms.losses import token_logprobs, token_logprobs_and_entropy
+from lit_agents.generation.hf_patches import forward_arguments
 from lit_agents.models import ModelSource, load_pretrained, resolve_model
 from lit_agents.tiny import TinyConfig, embedded_default
 
@@ -188,6 +189,11 @@ class AgentPolicy(nn.Module):
             the layers uncompiled; on a GPU the engine compiles its whole decode step instead
             (`GenerationEngine(compile=True)`). Pays on a GPU after the first steps
             (compilation); on CPU it rarely does.
+        share_prefix: in a training batch, rows that begin with the same tokens up to before
+            their first trained token (the G samples of one task share its prompt) run that
+            prefix once and attend to its cached keys and values (`hidden_states`); exact up to
+            float rounding, gradients included. Only where it saves compute, never under active
+            dropout (one prefix pass would share one dropout mask) or gradient checkpointing.
     """
 
     def __init__(
@@ -208,6 +214,7 @@ class AgentPolicy(nn.Module):
         gradient_checkpointing: bool = False,
         logprob_chunk_size: int = 1024,
         compile: bool = False,
+        share_prefix: bool = True,
     ) -> None:
         super().__init__()
         if tiny is not None and model != "tiny":
@@ -219,9 +226,11 @@ class AgentPolicy(nn.Module):
         self.logprob_chunk_size = logprob_chunk_size
         self.lora_settings = dict(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, targets=lora_targets)
         base, self.tokenizer = self._load(model, tiny, dtype, load_in_4bit, attn_implementation)
+        self.gradient_checkpointing = gradient_checkpointing
         if gradient_checkpointing:
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.compiled = compile
+        self.share_prefix = share_prefix
         if compile:
             for layer in decoder_layers(base):
                 layer.compile()
@@ -427,19 +436,114 @@ class AgentPolicy(nn.Module):
     def pad_id(self) -> int:
         return self.tokenizer.pad_token_id
 
-    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor | None = None) -> Tensor:
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor | None = None,
+                      needed: Tensor | None = None) -> Tensor:
         """Last-layer hidden states after the final norm. [B, T] -> [B, T, H].
 
         With ``position_ids`` (packed rows, `collate.collate_packed`) the attention mask is left to
         the model, which keeps attention within each row where positions restart at 0.
+        ``needed`` (``[B, T]`` bool, right-padded rows): the positions whose hidden state the
+        caller reads. With ``share_prefix``, rows that share their tokens up to their first needed
+        position compute that prefix once (`_shared_prefix_plan`); positions before a row's first
+        needed one may then hold zeros.
         """
         decoder = self.model.get_decoder()
         if position_ids is not None:
             return decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+        plan = self._shared_prefix_plan(input_ids, attention_mask, needed) if needed is not None else None
+        if plan is not None:
+            return self._hidden_with_shared_prefixes(decoder, input_ids, attention_mask, *plan)
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         return decoder(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state
+
+    #: shortest prefix worth sharing, in tokens
+    min_shared_prefix = 16
+
+    def _shared_prefix_plan(
+        self, input_ids: Tensor, attention_mask: Tensor, needed: Tensor
+    ) -> tuple[list[tuple[int, int]], list[int], list[int]] | None:
+        """Which rows share which prefix: ``(prefixes, row_prefix, row_start)``, each prefix a
+        (representative row, length), each row its prefix's index (-1: none) and where its own
+        tokens start (0 without a prefix); None where sharing is off or saves under 10% of the
+        batch's padded positions (one prefix pass plus the suffix pass, padded to its longest)."""
+        if not self.share_prefix or self.gradient_checkpointing or self._stochastic():
+            return None
+        lengths = attention_mask.sum(-1).tolist()
+        first_needed = torch.where(needed.any(-1), needed.float().argmax(-1), attention_mask.sum(-1)).tolist()
+        ids = input_ids.tolist()
+        limits = [min(f, n - 1) for f, n in zip(first_needed, lengths)]  # a row keeps >= 1 own token
+        clusters: dict[tuple[int, ...], list[int]] = {}
+        for r, limit in enumerate(limits):
+            if limit >= self.min_shared_prefix:
+                clusters.setdefault(tuple(ids[r][: self.min_shared_prefix]), []).append(r)
+        prefixes, row_prefix, row_start = [], [-1] * len(ids), [0] * len(ids)
+        for rows in clusters.values():
+            if len(rows) < 2:
+                continue
+            rep_ids, length = ids[rows[0]], min(limits[r] for r in rows)
+            for r in rows[1:]:
+                same = 0
+                while same < length and ids[r][same] == rep_ids[same]:
+                    same += 1
+                length = same
+            if length >= self.min_shared_prefix:
+                for r in rows:
+                    row_prefix[r], row_start[r] = len(prefixes), length
+                prefixes.append((rows[0], length))
+        if not prefixes:
+            return None
+        suffix = max(n - s for n, s in zip(lengths, row_start))
+        cost = len(prefixes) * max(p for _, p in prefixes) + len(ids) * suffix
+        return (prefixes, row_prefix, row_start) if cost < 0.9 * input_ids.numel() else None
+
+    def _stochastic(self) -> bool:
+        """Whether a forward pass draws dropout masks (training mode, some dropout p > 0)."""
+        if not self.training:
+            return False
+        if not hasattr(self, "_has_dropout"):
+            self._has_dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in self.model.modules())
+        return self._has_dropout
+
+    def _hidden_with_shared_prefixes(self, decoder: nn.Module, input_ids: Tensor, attention_mask: Tensor,
+                                     prefixes: list[tuple[int, int]], row_prefix: list[int],
+                                     row_start: list[int]) -> Tensor:
+        """`hidden_states` in two passes: each shared prefix once (right-padded, its keys and
+        values cached with their autograd graph), then every row's own tokens against its prefix's
+        cache rows (a row without one masks them all), at its true positions."""
+        device, pad = input_ids.device, self.pad_id
+        cache_name = forward_arguments(decoder)[0]
+        width = max(p for _, p in prefixes)
+        prefix_ids = input_ids.new_full((len(prefixes), width), pad)
+        prefix_mask = torch.zeros_like(prefix_ids)
+        for c, (row, length) in enumerate(prefixes):
+            prefix_ids[c, :length], prefix_mask[c, :length] = input_ids[row, :length], 1
+        positions = torch.arange(width, device=device).expand(len(prefixes), width)
+        cache = decoder(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=positions,
+                        use_cache=True)[cache_name]
+        cache.batch_select_indices(torch.tensor([max(c, 0) for c in row_prefix], device=device))
+        lengths = attention_mask.sum(-1).tolist()
+        own = [n - s for n, s in zip(lengths, row_start)]
+        B, S = len(own), max(own)
+        suffix_ids = input_ids.new_full((B, S), pad)
+        mask = torch.zeros(B, width + S, dtype=attention_mask.dtype, device=device)
+        rows, cols = [], []
+        for r, (start, n) in enumerate(zip(row_start, own)):
+            suffix_ids[r, :n] = input_ids[r, start : start + n]
+            mask[r, :start] = 1
+            mask[r, width : width + n] = 1
+            rows += [r] * n
+            cols += range(start, start + n)
+        positions = (torch.tensor(row_start, device=device)[:, None] + torch.arange(S, device=device)).clamp(
+            max=input_ids.shape[1] - 1)
+        hidden = decoder(input_ids=suffix_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         **{cache_name: cache}).last_hidden_state
+        rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
+        own_t = cols_t - torch.tensor([row_start[r] for r in rows], device=device)
+        out = hidden.new_zeros(B, input_ids.shape[1], hidden.shape[-1])
+        out[rows_t, cols_t] = hidden[rows_t, own_t]
+        return out
 
     def token_logprobs(
         self,
@@ -457,7 +561,8 @@ class AgentPolicy(nn.Module):
         ``entropy``: also return the entropy of each predicted distribution (``[B, T]``, detached),
         from the same pass (`losses.token_logprobs_and_entropy`).
         """
-        hidden = self.hidden_states(input_ids, attention_mask, position_ids)
+        needed = None if mask is None else torch.cat([mask[:, 1:], mask[:, :1] & False], dim=1)  # t-1 predicts t
+        hidden = self.hidden_states(input_ids, attention_mask, position_ids, needed)
         head = self.model.get_output_embeddings()
         fn = token_logprobs_and_entropy if entropy else token_logprobs
         out = fn(hidden, head.weight, input_ids, lm_head_bias=head.bias, chunk_size=self.logprob_chunk_size,

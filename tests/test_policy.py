@@ -277,3 +277,59 @@ def test_merged_adapter_generates_as_the_live_adapter_and_restores_the_weights(t
     two = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4).eval()
     with two.merged_adapter() as merged:
         assert not merged
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
+def test_shared_prefixes_give_the_same_logprobs_and_gradients(arch, tiny_folder, tmp_path):
+    """Rows that start alike (G samples of one task) run their common prefix once: the same
+    log-probs on the trained tokens and the same gradients as every row in full, with the prefix
+    pass actually taken, a row of another task and rows of other lengths in the batch."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from lit_agents.algorithms.collate import collate_rows, segments_row
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder)
+    tokenizer.save_pretrained(tmp_path / "m")
+    common = dict(vocab_size=len(tokenizer), attn_implementation="sdpa")
+    if arch == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, resid_pdrop=0.0,
+                                           embd_pdrop=0.0, attn_pdrop=0.0, **common))
+    else:
+        config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
+        model = model_cls(config_cls(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, max_position_embeddings=256, **common))
+    model.save_pretrained(tmp_path / "m")
+    policy = AgentPolicy(str(tmp_path / "m"), lora_r=4, lora_dropout=0.0, lora_targets="all-linear").train()
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    gen = torch.Generator().manual_seed(1)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(4, 64, (n,), generator=gen).tolist()
+
+    task_a, task_b = ids(40), ids(24)
+    rows = [segments_row([(task_a, False), (ids(k), True), (ids(7), False), (ids(m), True)])
+            for k, m in ((5, 9), (3, 2), (8, 12))]
+    rows += [segments_row([(task_b, False), (ids(k), True)]) for k in (6, 11)]
+    rows += [segments_row([(ids(30), False), (ids(4), True)])]  # a task of its own: nothing to share
+    batch = collate_rows(rows, pad_id=policy.pad_id)
+    plan = policy._shared_prefix_plan(batch["input_ids"], batch["attention_mask"],
+                                      torch.cat([batch["action_mask"][:, 1:], batch["action_mask"][:, :1] & False], 1))
+    # up to the hidden state that predicts each group's first trained token
+    assert plan is not None and [length for _, length in plan[0]] == [39, 23] and plan[1][-1] == -1
+    params = [p for p in policy.parameters() if p.requires_grad]
+    adv = torch.randn(batch["action_mask"].shape, generator=gen)
+    results = {}
+    for share in (True, False):
+        policy.share_prefix = share
+        logp = policy.batch_logprobs(batch)
+        loss = (logp * adv)[batch["action_mask"]].sum()
+        results[share] = (logp[batch["action_mask"]].detach(), torch.autograd.grad(loss, params))
+    torch.testing.assert_close(results[True][0], results[False][0], atol=1e-5, rtol=1e-5)
+    for g_shared, g_full in zip(results[True][1], results[False][1]):
+        torch.testing.assert_close(g_shared, g_full, atol=1e-5, rtol=1e-4)
+    with_dropout = AgentPolicy(str(tmp_path / "m"), lora_r=4, lora_dropout=0.1).train()
+    assert with_dropout._shared_prefix_plan(batch["input_ids"], batch["attention_mask"], batch["action_mask"]) is None
