@@ -1,6 +1,6 @@
 """The README's main command in a short form: both stages run and the table comes out.
 
-The full run (``make quickstart``, 18-21 minutes) is marked slow; CI runs the short form only.
+The full run (``make quickstart``, 11-21 minutes by the day) is marked slow; CI runs the short form only.
 ``LIT_AGENTS_SLOW=1 pytest -m slow`` runs the full one and checks the learning claim.
 """
 
