@@ -193,7 +193,7 @@ class AgentPolicy(nn.Module):
             their first trained token (the G samples of one task share its prompt) run that
             prefix once and attend to its cached keys and values (`hidden_states`); exact up to
             float rounding, gradients included. Only where it saves compute, never under active
-            dropout (one prefix pass would share one dropout mask) or gradient checkpointing.
+            dropout (one prefix pass would share one dropout mask), gradient checkpointing or FSDP.
     """
 
     def __init__(
@@ -468,7 +468,7 @@ class AgentPolicy(nn.Module):
         (representative row, length), each row its prefix's index (-1: none) and where its own
         tokens start (0 without a prefix); None where sharing is off or saves under 10% of the
         batch's padded positions (one prefix pass plus the suffix pass, padded to its longest)."""
-        if not self.share_prefix or self.gradient_checkpointing or self._stochastic():
+        if not self.share_prefix or self.gradient_checkpointing or self._stochastic() or self._sharded():
             return None
         lengths = attention_mask.sum(-1).tolist()
         first_needed = torch.where(needed.any(-1), needed.float().argmax(-1), attention_mask.sum(-1)).tolist()
@@ -497,6 +497,11 @@ class AgentPolicy(nn.Module):
         suffix = max(n - s for n, s in zip(lengths, row_start))
         cost = len(prefixes) * max(p for _, p in prefixes) + len(ids) * suffix
         return (prefixes, row_prefix, row_start) if cost < 0.9 * input_ids.numel() else None
+
+    def _sharded(self) -> bool:
+        """Whether FSDP wraps the model's layers (a wrapped layer is not called twice in one step)."""
+        return any("FullyShardedDataParallel" in type(m).__name__ or type(m).__name__.startswith("FSDP")
+                   for m in self.model.modules())
 
     def _stochastic(self) -> bool:
         """Whether a forward pass draws dropout masks (training mode, some dropout p > 0)."""
