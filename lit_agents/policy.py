@@ -193,7 +193,8 @@ class AgentPolicy(nn.Module):
             their first trained token (the G samples of one task share its prompt) run that
             prefix once and attend to its cached keys and values (`hidden_states`); exact up to
             float rounding, gradients included. Only where it saves compute, never under active
-            dropout (one prefix pass would share one dropout mask), gradient checkpointing or FSDP.
+            dropout (one prefix pass would share one dropout mask), gradient checkpointing, FSDP or
+            sliding-window attention.
     """
 
     def __init__(
@@ -468,7 +469,8 @@ class AgentPolicy(nn.Module):
         (representative row, length), each row its prefix's index (-1: none) and where its own
         tokens start (0 without a prefix); None where sharing is off or saves under 10% of the
         batch's padded positions (one prefix pass plus the suffix pass, padded to its longest)."""
-        if not self.share_prefix or self.gradient_checkpointing or self._stochastic() or self._sharded():
+        if not self.share_prefix or self.gradient_checkpointing or self._stochastic() or self._sharded() \
+                or self._windowed():
             return None
         lengths = attention_mask.sum(-1).tolist()
         first_needed = torch.where(needed.any(-1), needed.float().argmax(-1), attention_mask.sum(-1)).tolist()
@@ -497,6 +499,15 @@ class AgentPolicy(nn.Module):
         suffix = max(n - s for n, s in zip(lengths, row_start))
         cost = len(prefixes) * max(p for _, p in prefixes) + len(ids) * suffix
         return (prefixes, row_prefix, row_start) if cost < 0.9 * input_ids.numel() else None
+
+    def _windowed(self) -> bool:
+        """Whether some layer attends within a sliding window: the window is measured in cache
+        columns, and a shared prefix's padding columns would stretch it."""
+        config = self.model.config
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+            return True
+        return bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True)
 
     def _sharded(self) -> bool:
         """Whether FSDP wraps the model's layers (a wrapped layer is not called twice in one step)."""

@@ -331,5 +331,12 @@ def test_shared_prefixes_give_the_same_logprobs_and_gradients(arch, tiny_folder,
     torch.testing.assert_close(results[True][0], results[False][0], atol=1e-5, rtol=1e-5)
     for g_shared, g_full in zip(results[True][1], results[False][1]):
         torch.testing.assert_close(g_shared, g_full, atol=1e-5, rtol=1e-4)
+    policy.share_prefix = True
+    if arch == "qwen2":  # a sliding window counts cache columns: a prefix's padding would stretch it
+        config = policy.model.config
+        config.use_sliding_window, config.sliding_window = True, 32
+        assert policy._shared_prefix_plan(batch["input_ids"], batch["attention_mask"], batch["action_mask"]) is None
+        config.use_sliding_window, config.sliding_window = False, None
+        assert policy._shared_prefix_plan(batch["input_ids"], batch["attention_mask"], batch["action_mask"])
     with_dropout = AgentPolicy(str(tmp_path / "m"), lora_r=4, lora_dropout=0.1).train()
     assert with_dropout._shared_prefix_plan(batch["input_ids"], batch["attention_mask"], batch["action_mask"]) is None
