@@ -161,26 +161,33 @@ def test_save_pretrained_merges_a_copy_and_keeps_the_adapters(tiny_config, tmp_p
     torch.testing.assert_close(merged.token_logprobs(ids, torch.ones_like(ids)), expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
-def test_packed_rows_give_the_same_logprobs_as_padded(arch, tiny_folder, tmp_path):
-    """Rows end to end with restarting positions: attention stays within each row (any of the
-    architectures users bring), and the output layer runs on the action mask only."""
+def _arch_folder(arch: str, tiny_folder, tmp_path) -> str:
+    """A random 2-layer model of ``arch`` (qwen2, llama, gpt2; no dropout) with the embedded
+    default's tokenizer, saved under ``tmp_path/m``: the architectures users bring."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    from lit_agents.algorithms.collate import collate_packed, collate_rows, demo_row
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(tiny_folder)
     tokenizer.save_pretrained(tmp_path / "m")
     common = dict(vocab_size=len(tokenizer), attn_implementation="sdpa")
     if arch == "gpt2":
-        model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, **common))
+        model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, resid_pdrop=0.0,
+                                           embd_pdrop=0.0, attn_pdrop=0.0, **common))
     else:
         config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
         model = model_cls(config_cls(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                     num_key_value_heads=2, max_position_embeddings=128, **common))
+                                     num_key_value_heads=2, max_position_embeddings=256, **common))
     model.save_pretrained(tmp_path / "m")
-    policy = AgentPolicy(str(tmp_path / "m"), finetune="full").eval()
+    return str(tmp_path / "m")
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
+def test_packed_rows_give_the_same_logprobs_as_padded(arch, tiny_folder, tmp_path):
+    """Rows end to end with restarting positions: attention stays within each row (any of the
+    architectures users bring), and the output layer runs on the action mask only."""
+    from lit_agents.algorithms.collate import collate_packed, collate_rows, demo_row
+
+    policy = AgentPolicy(_arch_folder(arch, tiny_folder, tmp_path), finetune="full").eval()
     gen = torch.Generator().manual_seed(1)
     rows = [
         demo_row(torch.randint(1, 64, (n,), generator=gen).tolist(), torch.randint(1, 64, (k,), generator=gen).tolist())
@@ -284,23 +291,10 @@ def test_shared_prefixes_give_the_same_logprobs_and_gradients(arch, tiny_folder,
     """Rows that start alike (G samples of one task) run their common prefix once: the same
     log-probs on the trained tokens and the same gradients as every row in full, with the prefix
     pass actually taken, a row of another task and rows of other lengths in the batch."""
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
     from lit_agents.algorithms.collate import collate_rows, segments_row
 
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_folder)
-    tokenizer.save_pretrained(tmp_path / "m")
-    common = dict(vocab_size=len(tokenizer), attn_implementation="sdpa")
-    if arch == "gpt2":
-        model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, resid_pdrop=0.0,
-                                           embd_pdrop=0.0, attn_pdrop=0.0, **common))
-    else:
-        config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
-        model = model_cls(config_cls(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                     num_key_value_heads=2, max_position_embeddings=256, **common))
-    model.save_pretrained(tmp_path / "m")
-    policy = AgentPolicy(str(tmp_path / "m"), lora_r=4, lora_dropout=0.0, lora_targets="all-linear").train()
+    folder = _arch_folder(arch, tiny_folder, tmp_path)
+    policy = AgentPolicy(folder, lora_r=4, lora_dropout=0.0, lora_targets="all-linear").train()
     with torch.no_grad():
         for name, p in policy.model.named_parameters():
             if "lora_B" in name:
@@ -338,5 +332,5 @@ def test_shared_prefixes_give_the_same_logprobs_and_gradients(arch, tiny_folder,
         assert policy._shared_prefix_plan(batch["input_ids"], batch["attention_mask"], batch["action_mask"]) is None
         config.use_sliding_window, config.sliding_window = False, None
         assert policy._shared_prefix_plan(batch["input_ids"], batch["attention_mask"], batch["action_mask"])
-    with_dropout = AgentPolicy(str(tmp_path / "m"), lora_r=4, lora_dropout=0.1).train()
+    with_dropout = AgentPolicy(folder, lora_r=4, lora_dropout=0.1).train()
     assert with_dropout._shared_prefix_plan(batch["input_ids"], batch["attention_mask"], batch["action_mask"]) is None
