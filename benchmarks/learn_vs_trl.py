@@ -73,7 +73,6 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -228,17 +227,16 @@ def trl(args, folder: str, lora: bool, env: FinalCraft, order: list[Task], seed:
     return rewards, [b - a for a, b in zip(marks, marks[1:])]
 
 
-def merged_start(folder: str, adapter: str) -> str:
-    """``folder`` with ``adapter`` merged in, saved once next to the adapter (``<adapter>_merged``)."""
+def merged_start(folder: str, adapter: str, target: str) -> str:
+    """``folder`` with ``adapter`` merged in, saved to ``target`` (a folder of this run: an adapter
+    retrained in place is never met by a stale merge)."""
     from lit_agents.pipelines.evaluate import load_adapters
     from lit_agents.policy import AgentPolicy
 
-    target = Path(adapter).with_name(Path(adapter).name + "_merged")
-    if not (target / "config.json").exists():
-        policy = AgentPolicy(folder, dtype="float32", roles=["default"])
-        load_adapters(policy, adapter)
-        policy.save_pretrained(target)
-    return str(target)
+    policy = AgentPolicy(folder, dtype="float32", roles=["default"])
+    load_adapters(policy, adapter)
+    policy.save_pretrained(target)
+    return target
 
 
 def windows(values: list[float], every: int) -> list[float]:
@@ -268,6 +266,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--sides", default="trl,ours", help="which trainers run (e.g. 'ours' to probe a setting)")
     args = parser.parse_args()
+    sides = list(dict.fromkeys(args.sides.split(",")))
+    if set(sides) - {"trl", "ours"}:
+        parser.error(f"--sides takes trl, ours or both, not {args.sides!r}")
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -276,7 +277,8 @@ def main() -> None:
     lora = args.finetune == "lora" or (args.finetune == "auto" and short)
     folder = convert_gguf(args.model).path  # a GGUF is read once into a cached folder both sides load
     if args.adapter:
-        folder = merged_start(folder, args.adapter)
+        start = tempfile.TemporaryDirectory(prefix="learn_vs_trl_start_")  # removed when the run ends
+        folder = merged_start(folder, args.adapter, start.name)
 
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(folder)  # as load_pretrained reads it (it adds padding settings only)
@@ -284,15 +286,18 @@ def main() -> None:
     agent = GivenPrompt(max_new_tokens=NEW_TOKENS, temperature=1.0, system_prompt="")
     prompts, failed, mismatched = final_craft_prompts(textcraft, agent, tokenizer)
     total = len(prompts) + failed + mismatched
-    short = [p for p in prompts if not args.max_prompt_tokens or len(p.ids) <= args.max_prompt_tokens]
-    prompts = pool(short, args.pool)
+    fitting = [p for p in prompts if not args.max_prompt_tokens or len(p.ids) <= args.max_prompt_tokens]
+    if not fitting:
+        parser.error(f"no prompt has at most {args.max_prompt_tokens} tokens (the shortest has "
+                     f"{min(len(p.ids) for p in prompts)})")
+    prompts = pool(fitting, args.pool)
     env = FinalCraft(textcraft, agent, prompts)
     lengths = sorted(len(p.ids) for p in prompts)
     print(f"model: {args.model} ({'LoRA r32' if lora else 'full fine-tuning'}); {args.prompts_per_step} prompts x "
           f"G={args.group}, <= {NEW_TOKENS} new tokens, lr {args.lr}, beta {args.beta}; {torch.get_num_threads()} "
           f"threads; fp32")
     print(f"prompts: {len(prompts)} of {total} train tasks ({mismatched} not round-tripped by TRL's tokenization, "
-          f"{failed} expert failures, {len(short)} of <= {args.max_prompt_tokens or 'any'} tokens"
+          f"{failed} expert failures, {len(fitting)} of <= {args.max_prompt_tokens or 'any'} tokens"
           f"{f', a pool of {args.pool} drawn' if args.pool else ''}), {lengths[0]}-{lengths[-1]} tokens (median "
           f"{lengths[len(lengths) // 2]}); built in {time.perf_counter() - started:.1f}s")
 
@@ -300,7 +305,7 @@ def main() -> None:
     times: dict[str, list[float]] = {"trl": [], "ours": []}
     for seed in seeds:
         order = step_order(env, args.prompts_per_step, args.group, args.steps, seed)
-        for side in args.sides.split(","):
+        for side in sides:
             if side == "trl":
                 rewards, seconds = trl(args, folder, lora, env, order, seed)
             else:
@@ -311,7 +316,7 @@ def main() -> None:
             print(f"{side:>4} seed {seed}: reward per step {' '.join(f'{r:.3f}' for r in rewards)}; "
                   f"s/step {' '.join(f'{s:.1f}' for s in seconds)}", flush=True)
 
-    every, sides = args.log_every, [side for side in curves if curves[side]]
+    every = args.log_every
     rows = {side: [windows(c, every) for c in curves[side]] for side in sides}
     print("\nstep | " + " | ".join(f"{'TRL' if side == 'trl' else side} mean (min-max)" for side in sides))
     behind = []
@@ -329,6 +334,7 @@ def main() -> None:
         print(f"{side}: median {statistics.median(times[side]):.2f} s/step over {len(times[side])} steps")
     if len(sides) == 2:
         print("parity: yes" if not behind else f"parity: no (steps {', '.join(behind)})")
+
 
 if __name__ == "__main__":
     main()

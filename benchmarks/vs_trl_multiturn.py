@@ -42,22 +42,22 @@ tokens, and the rewards ours. While timing, each step prints both sides' trained
 tokens, turns per episode and successes: equal in distribution (sampling differs), not token for token.
 
 Settings, matched on both sides (`trl_matched.py`, shared with learn_vs_trl.py): the same tasks per
-step in the same order (our data module's seeded
-pass, handed to TRL unshuffled), ``--prompts-per-step`` tasks x G rollouts, <= 32 new tokens per turn
-(TRL: ``generation_kwargs={"max_new_tokens": 32}``; its ``max_completion_length`` is the whole
-multi-turn completion, set to 512), <= 5 actions, temperature 1.0, top-p 1, no top-k, stop at the chat
-format's end-of-turn token (the tokenizer's EOS too), GRPO advantages (R - mean) / std per group (TRL
+step in the same order (our data module's seeded pass, handed to TRL unshuffled),
+``--prompts-per-step`` tasks x G rollouts, <= 32 new tokens per turn (TRL:
+``generation_kwargs={"max_new_tokens": 32}``; its ``max_completion_length`` is the whole multi-turn
+completion, set to 512), <= 5 actions, temperature 1.0, top-p 1, no top-k, stop at the chat format's
+end-of-turn token (the tokenizer's EOS too), GRPO advantages (R - mean) / std per group (TRL
 scale_rewards="group"), PPO-clip eps 0.2 / 0.28, the loss a token mean over every generated token of
 the step (TRL loss_type="dapo"; tool-result / observation tokens masked out on both), beta 0 (no
 reference model, no KL), one optimizer step per batch (TRL: num_iterations=1, steps_per_generation=1,
 gradient_accumulation_steps=1, per_device_train_batch_size = prompts x G; ours: mini_batches=1,
-update_epochs=1, one micro-batch), AdamW (0.9, 0.999, eps 1e-8, weight decay 0) at a constant
-``--lr`` (default 1e-5: the policy stays near the model being compared, so both sides play the same
-episode lengths), gradient norm clipped to 1.0, fp32, no gradient checkpointing, sdpa attention. Ours
-runs with ``drop_zero_signal=False``: zero-advantage groups stay in the step and in the normalizer, as
-in TRL (learn_vs_trl.py). The model: ``--model`` (default the quick start's SFT model folder: full
-fine-tuning on both) or ``smollm2-135m`` (read once into a cached folder both sides load: LoRA on
-both, r 32, alpha 64, every linear layer but the head, dropout 0, as configs/quickstart_rl.yaml).
+update_epochs=1, one micro-batch), AdamW (0.9, 0.999, eps 1e-8, weight decay 0) at a constant ``--lr``
+(default 1e-5: the policy stays near the model being compared, so both sides play the same episode
+lengths), gradient norm clipped to 1.0, fp32, no gradient checkpointing, sdpa attention. Ours runs with
+``drop_zero_signal=False``: zero-advantage groups stay in the step and in the normalizer, as in TRL
+(learn_vs_trl.py). The model: ``--model`` (default the quick start's SFT model folder: full fine-tuning
+on both) or ``smollm2-135m`` (read once into a cached folder both sides load: LoRA on both, r 32, alpha
+64, every linear layer but the head, dropout 0, as configs/quickstart_rl.yaml).
 
 Differences left: TRL generates each turn with ``model.generate`` over the left-padded whole context of
 the live rollouts (no KV cache kept between turns); ours decodes with its engine, which keeps each
