@@ -1,0 +1,51 @@
+"""The learning comparison with TRL (`benchmarks/learn_vs_trl.py`) without TRL: its prompt pool."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from lit_agents.envs import TextCraft
+from lit_agents.tiny import embedded_default
+
+BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(BENCHMARKS))  # learn_vs_trl imports its sibling trl_matched
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_a_prompt_pool_is_one_fixed_draw_that_each_task_finds_again(tiny_config):
+    """``--pool N``: the same N prompts in every run, re-indexed so that the env serves each task its
+    own prompt (a wrong index would train one task's completions against another's reward)."""
+    bench = _load("learn_vs_trl")
+    textcraft = TextCraft(**bench.QUICKSTART_ENV, max_steps=12, train_goals=4)
+    agent = bench.GivenPrompt(max_new_tokens=8, temperature=1.0, system_prompt="")
+    prompts, failed, mismatched = bench.final_craft_prompts(
+        textcraft, agent, AutoTokenizer.from_pretrained(embedded_default(tiny_config)))
+    assert len(prompts) == 4 * 16 and not failed and not mismatched
+
+    pooled = bench.pool(prompts, 6)
+    assert [p.task.task_id for p in pooled] == [p.task.task_id for p in bench.pool(prompts, 6)]
+    assert len({p.task.task_id for p in pooled}) == 6
+    assert [p.task.meta["index"] for p in pooled] == list(range(6))
+    original = {p.task.task_id: p for p in prompts}
+    env = bench.FinalCraft(textcraft, agent, pooled)
+    for task in env.tasks("train"):
+        prompt, text = env.reset(task)
+        assert prompt.task.task_id == task.task_id
+        assert prompt.ids == original[task.task_id].ids and text == original[task.task_id].text
+        expert = textcraft.expert_action(prompt.state)  # the final craft solves it
+        assert bench.craft_reward(textcraft, agent, prompt, expert) == 1.0
+    assert len(bench.pool(prompts, 0)) == len(bench.pool(prompts, 10**6)) == len(prompts)
