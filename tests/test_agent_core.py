@@ -155,3 +155,22 @@ def test_one_recursive_agent_plays_two_trees_at_once(policy):
     outer = agent.expert_rollout(policy, Reentrant(difficulty="easy"), task)
     assert nested[0].success and outer.success
     assert _texts(outer) == _texts(alone)
+
+
+@pytest.mark.parametrize("loop", ["forking", "compaction"])
+def test_multi_session_turns_record_errors_and_progress(policy, loop):
+    """MultiSessionAgent records, per call of every session, whether the env refused the action
+    (``meta["errors"]``) and the task's progress after it (``meta["progress"]``, one more entry:
+    the session's start), as ReActAgent does: the per-turn credit of GRPOPolicy and MosaicPolicy
+    reads them. The untrained model writes actions the env refuses; the expert never does."""
+    env = TextCraft(min_depth=2, max_depth=3, distractors=2, compact=True, max_steps=30, train_seeds=4)
+    agent = NESTED[loop]()
+    played = agent.run(policy, env, env.tasks("train")[:2], 2, seed=0)
+    expert = agent.expert_rollout(policy, env, env.tasks("train")[0])
+    for rollout in played + [expert]:
+        for s in rollout.sessions:
+            assert len(s.meta["errors"]) == len(s.calls) and len(s.meta["progress"]) == len(s.calls) + 1
+            assert s.meta["progress"][0] == s.progress_before
+    assert any(e for r in played for s in r.sessions for e in s.meta["errors"])
+    assert not any(e for s in expert.sessions for e in s.meta["errors"])
+    assert expert.success and max(s.meta["progress"][-1] for s in expert.sessions) == 1.0

@@ -77,3 +77,41 @@ def test_rows_carry_each_sessions_advantage(policy):
     for row, adv in zip(rows, advs):
         assert {round(a, 6) for a, m in zip(row.advantages, row.action_mask) if m} == {round(adv, 6)}
         assert not any(row.action_mask[:3])  # observations (e.g. a subagent's returned answer) are masked
+
+
+def _turns(row):
+    """The advantage of each call of a row built from `_session` calls (2 generated tokens each)."""
+    return [x for x, m in zip(row.advantages, row.action_mask) if m][::2]
+
+
+def test_error_baseline_moves_only_the_trajectory_term_of_turns_after_a_failed_action(policy):
+    """MosaicPolicy(error_baseline=True): a turn after its session's first failed action gets the
+    error-aware trajectory term (`advantages.error_baseline_advantages` on the session-aware
+    advantages) plus the same session term as the rest of its session; other turns are unchanged."""
+    import torch
+
+    from lit_agents.algorithms.advantages import error_baseline_advantages
+
+    rollouts = _rollouts()
+    for r in rollouts:
+        for s in r.sessions:
+            s.calls = [s.calls[0]] * 3
+            s.meta["errors"] = [False, False, False]
+    rollouts[1].sessions[1].meta["errors"] = [True, False, False]  # a success that recovered
+    rollouts[2].sessions[0].meta["errors"] = [False, True, True]  # a failure
+    plain = MosaicPolicy(policy).session_advantages(rollouts)
+    module = MosaicPolicy(policy, error_baseline=True)
+    trajectory = module.rollout_advantages(rollouts)
+    after = error_baseline_advantages(torch.tensor([1.0, 1.0, 0.0]), torch.zeros(3, dtype=torch.long), trajectory,
+                                      torch.tensor([False, True, True])).tolist()
+    t = trajectory.tolist()
+    turns = [_turns(row) for row in module.rollouts_to_rows(rollouts)]
+    assert turns[0] == pytest.approx([plain[0][0]] * 3)
+    assert turns[1] == pytest.approx([plain[1][0]] * 3)  # no error in this session
+    assert turns[2] == pytest.approx([plain[1][1]] + [plain[1][1] - t[1] + after[1]] * 2)
+    assert turns[4] == pytest.approx([plain[2][0]] * 2 + [plain[2][0] - t[2] + after[2]])
+    assert turns[5] == pytest.approx([plain[2][1]] * 3)
+    assert t[2] < after[2] < 0  # b = 1/2 (the errored rollouts' mean) above the group's 2/3: pushed down less
+    rollouts[0].sessions[0].meta.pop("errors")
+    with pytest.raises(ValueError, match="error_baseline needs"):
+        module.rollouts_to_rows(rollouts)

@@ -13,7 +13,8 @@ A rollout is several sessions (docs/algorithms.md, Mosaic):
   observation (masked in the parent's loss, like every observation).
 
 Every session records ``progress_before``/``progress_after`` (``env.progress``) for Mosaic's
-marginal gains and, for subagents, its ``goal``, ``success`` and
+marginal gains, per call ``meta["errors"]`` and ``meta["progress"]`` (as `ReActAgent`) and, for
+subagents, its ``goal``, ``success`` and
 ``goal_progress_before``/``goal_progress_after`` (``env.goal_progress`` of its own goal): typed
 fields of `Session`. Limits: forks and sessions per rollout. All live sessions of all episodes are batched per step.
 
@@ -225,6 +226,7 @@ class MultiSessionAgent(ReActAgent):
         if goal:
             session.goal, session.success = goal, False
             session.goal_progress_before = self._goal_progress(env, ep, goal)
+        session.meta.update(progress=[session.progress_before], errors=[])
         ep.sessions.append(session)
         line = _Line(episode=ep, session=session, goal=goal, parent=parent)
         line.start(policy, ep.system, prompt)
@@ -244,7 +246,17 @@ class MultiSessionAgent(ReActAgent):
             return 0.0
 
     def _advance_line(self, policy, env, line: _Line, text: str) -> list[_Line]:
-        """Apply one completion; returns new sessions to run."""
+        """Apply one completion; returns new sessions to run. Records, per call of the session,
+        whether it was a failed env action (``meta["errors"]``) and the task's progress after it
+        (``meta["progress"]``), as `ReActAgent` does: `GRPOPolicy`'s per-turn credit reads them."""
+        meta = line.session.meta
+        meta["errors"].append(False)  # set by _apply when the env says the action failed
+        new = self._apply(policy, env, line, text)
+        ep = line.episode
+        meta["progress"].append(1.0 if ep.success else float(env.progress(ep.state)))
+        return new
+
+    def _apply(self, policy, env, line: _Line, text: str) -> list[_Line]:
         ep = line.episode
         if line.summarizing:  # the summary ends this session; a compaction session continues
             self._close(env, line)
@@ -276,6 +288,7 @@ class MultiSessionAgent(ReActAgent):
                 self._close(env, other)
             ep.done, ep.reason, ep.reward = True, "env_error", 0.0
             return []
+        line.session.meta["errors"][-1] = bool(result.info.get("error"))
         ep.reward += result.reward
         ep.success = ep.success or result.success
         line.last_observation = result.observation

@@ -12,11 +12,14 @@ get ``A_ik = A~_i + beta * G_ik``:
   session kind (`advantages.session_shaping`).
 
 Broadcasting, the paper's baseline, is this module with both terms off. Loss, KL and the rest as
-`GRPOPolicy` (PPO-clip by default).
+`GRPOPolicy` (PPO-clip by default). `GRPOPolicy`'s per-turn credit works here too:
+with ``error_baseline`` the turns after a session's first failed action (`MultiSessionAgent`
+records ``meta["errors"]`` per call) have their trajectory term replaced by the error-aware one,
+and the session term is added to every turn of the session as before.
 
 Extension points for subclasses (docs/extending.md, examples/subclasses.py): `session_advantages`
-(the whole session credit), ``gain_fn`` (a callable named in YAML), and `rollout_rewards` and
-`policy_loss` from `GRPOPolicy`.
+(the whole session credit), `rollout_advantages` (the trajectory term), ``gain_fn`` (a callable
+named in YAML), and `rollout_rewards` and `policy_loss` from `GRPOPolicy`.
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from lit_agents.algorithms.advantages import (
     SESSION_KINDS,
-    grpo_advantages,
     session_aware_advantages,
     session_shaping,
 )
@@ -88,18 +91,22 @@ class MosaicPolicy(GRPOPolicy):
         self.trajectory_term, self.session_term = trajectory_term, session_term
         self.alpha, self.beta, self.gain_fn = alpha, beta, import_callable(gain_fn)
 
+    def rollout_advantages(self, rollouts: list[Rollout]) -> Tensor:
+        """The trajectory term, one per rollout: with ``trajectory_term`` the session-aware
+        advantage (the group's advantage scaled by a ranking of session counts), else the plain
+        outcome advantage (`GRPOPolicy.rollout_advantages`: Broadcasting)."""
+        if not self.trajectory_term:
+            return super().rollout_advantages(rollouts)
+        groups = torch.tensor([r.group_id for r in rollouts])
+        counts = torch.tensor([len(r.sessions) for r in rollouts])
+        return session_aware_advantages(self.rollout_rewards(rollouts), counts, groups, self.alpha)
+
     def session_advantages(self, rollouts: list[Rollout]) -> list[list[float]]:
-        """One advantage per session of each rollout (override for your own session credit; the
-        rollout rewards come from `rollout_rewards`)."""
+        """One advantage per session of each rollout: the trajectory term (`rollout_advantages`)
+        plus ``beta`` times the session's shaped gain. Override for your own session credit."""
         if not rollouts:
             return []
-        rewards = self.rollout_rewards(rollouts)
-        groups = torch.tensor([r.group_id for r in rollouts])
-        if self.trajectory_term:
-            counts = torch.tensor([len(r.sessions) for r in rollouts])
-            trajectory = session_aware_advantages(rewards, counts, groups, self.alpha)
-        else:
-            trajectory = grpo_advantages(rewards, groups)
+        trajectory = self.rollout_advantages(rollouts)
         out = [[a] * len(r.sessions) for r, a in zip(rollouts, trajectory.tolist())]
         if self.session_term:
             gains, kinds, session_groups = [], [], []
@@ -118,8 +125,19 @@ class MosaicPolicy(GRPOPolicy):
         return out
 
     def rollouts_to_rows(self, rollouts: list[Rollout]) -> list[Row]:
-        advantages = self.session_advantages(rollouts)
-        if self.hparams.drop_zero_signal:  # rollouts whose every session advantage is 0 teach nothing
-            kept = [(r, a) for r, a in zip(rollouts, advantages) if any(x != 0.0 for x in a)]
+        advantages: list[list[float | list[float]]] = list(self.session_advantages(rollouts))
+        if rollouts and (self.hparams.error_baseline or self.hparams.turn_credit):
+            # per-call credit (`GRPOPolicy.call_advantages`) moves the trajectory term of the calls
+            # it re-credits (after a failed action; by progress per turn); the session term stays
+            trajectory = self.rollout_advantages(rollouts).tolist()
+            calls = self.call_advantages(rollouts, torch.tensor(trajectory))
+            advantages = [[[a + c - t for c in per_call] for a, per_call in zip(advs, session_calls)]
+                          for advs, session_calls, t in zip(advantages, calls, trajectory)]
+        if self.hparams.drop_zero_signal:  # rollouts whose every advantage is 0 teach nothing
+            kept = [(r, a) for r, a in zip(rollouts, advantages) if any(x != 0.0 for x in _flat(a))]
             rollouts, advantages = [r for r, _ in kept], [a for _, a in kept]
         return session_rows(rollouts, advantages, self.hparams.max_row_tokens)
+
+
+def _flat(advantages: list[float | list[float]]) -> list[float]:
+    return [x for a in advantages for x in (a if isinstance(a, list) else [a])]
