@@ -524,3 +524,22 @@ def test_error_baseline_credits_the_turns_after_a_failed_action(tiny_config):
     rollouts[1].sessions[0].meta.pop("errors")
     with pytest.raises(ValueError, match="error_baseline needs"):
         module.rollouts_to_rows(rollouts)
+
+
+@pytest.mark.parametrize("module_class", ["GRPOPolicy", "MosaicPolicy"])
+def test_saved_advantages_land_on_the_rollouts_trained_after_the_zero_signal_filter(tiny_config, module_class):
+    """`record_advantages` writes each row's advantage back into the batch by ``meta["rollout"]``:
+    with an all-failure group first (dropped: no signal), the rows must still name their
+    rollouts in the whole batch. (They indexed the filtered list: the saved rollouts and the
+    viewer showed the advantages on the wrong rollouts, and a multi-session batch crashed.)"""
+    from lit_agents import modules
+    from lit_agents.algorithms.collate import record_advantages
+
+    module = getattr(modules, module_class)(AgentPolicy(tiny=tiny_config, lora_r=4))
+    rollouts = [_played("a", 0, [0.0, 0.0], False), _played("a", 0, [0.0, 0.0], False),
+                _played("b", 1, [0.0, 1.0], True), _played("b", 1, [0.0, 0.0], False)]
+    rows = module.rollouts_to_rows(rollouts)
+    assert [row.meta["rollout"] for row in rows] == [2, 3]
+    record_advantages(rollouts, rows)
+    got = [r.sessions[0].advantage for r in rollouts]
+    assert got[:2] == [None, None] and got[2] > 0 > got[3]

@@ -230,6 +230,7 @@ def session_rows(
     rollouts: list[Rollout],
     session_advantages: list[list[float | list[float]]],
     max_tokens: int | None = None,
+    keep: list[bool] | None = None,
 ) -> list[Row]:
     """One row per session with generated tokens, over a batch of rollouts.
 
@@ -246,6 +247,9 @@ def session_rows(
         rollouts: the rollouts.
         session_advantages: one advantage per session of each rollout.
         max_tokens: truncate longer rows at the right to this many tokens.
+        keep: per rollout, whether it gives rows (a zero-signal filter); None keeps all. Filter
+            here rather than by passing fewer rollouts: ``meta["rollout"]`` then still indexes
+            the batch that `record_advantages` writes back into.
 
     Returns:
         The rows, in rollout then session order.
@@ -256,8 +260,12 @@ def session_rows(
         )
     if max_tokens is not None and max_tokens < 2:
         raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
+    if keep is not None and len(keep) != len(rollouts):
+        raise ValueError(f"{len(rollouts)} rollouts but {len(keep)} keep flags")
     rows: list[Row] = []
     for i, (rollout, advs) in enumerate(zip(rollouts, session_advantages)):
+        if keep is not None and not keep[i]:
+            continue
         if len(advs) != len(rollout.sessions):
             raise ValueError(
                 f"rollout {i} has {len(rollout.sessions)} sessions but {len(advs)} advantages"

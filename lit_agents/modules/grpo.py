@@ -193,8 +193,7 @@ class GRPOPolicy(AgentModule):
                 spread = torch.tensor([float(any(c != a for s in advs for c in s)) for advs, a
                                        in zip(per_session, advantages.tolist())])
                 keep |= group_has_signal(spread, groups) | (spread > 0)
-            kept = [(r, a) for r, a, k in zip(rollouts, per_session, keep.tolist()) if k]
-            rollouts, per_session = [r for r, _ in kept], [a for _, a in kept]
+            return session_rows(rollouts, per_session, self.hparams.max_row_tokens, keep=keep.tolist())
         return session_rows(rollouts, per_session, self.hparams.max_row_tokens)
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor | None:

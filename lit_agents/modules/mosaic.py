@@ -133,10 +133,10 @@ class MosaicPolicy(GRPOPolicy):
             calls = self.call_advantages(rollouts, torch.tensor(trajectory))
             advantages = [[[a + c - t for c in per_call] for a, per_call in zip(advs, session_calls)]
                           for advs, session_calls, t in zip(advantages, calls, trajectory)]
+        keep = None
         if self.hparams.drop_zero_signal:  # rollouts whose every advantage is 0 teach nothing
-            kept = [(r, a) for r, a in zip(rollouts, advantages) if any(x != 0.0 for x in _flat(a))]
-            rollouts, advantages = [r for r, _ in kept], [a for _, a in kept]
-        return session_rows(rollouts, advantages, self.hparams.max_row_tokens)
+            keep = [any(x != 0.0 for x in _flat(a)) for a in advantages]
+        return session_rows(rollouts, advantages, self.hparams.max_row_tokens, keep=keep)
 
 
 def _flat(advantages: list[float | list[float]]) -> list[float]:
