@@ -129,10 +129,10 @@ class MosaicPolicy(GRPOPolicy):
         if rollouts and (self.hparams.error_baseline or self.hparams.turn_credit):
             # per-call credit (`GRPOPolicy.call_advantages`) moves the trajectory term of the calls
             # it re-credits (after a failed action; by progress per turn); the session term stays
-            trajectory = self.rollout_advantages(rollouts).tolist()
-            calls = self.call_advantages(rollouts, torch.tensor(trajectory))
+            trajectory = self.rollout_advantages(rollouts)
+            calls = self.call_advantages(rollouts, trajectory)
             advantages = [[[a + c - t for c in per_call] for a, per_call in zip(advs, session_calls)]
-                          for advs, session_calls, t in zip(advantages, calls, trajectory)]
+                          for advs, session_calls, t in zip(advantages, calls, trajectory.tolist())]
         keep = None
         if self.hparams.drop_zero_signal:  # rollouts whose every advantage is 0 teach nothing
             keep = [any(x != 0.0 for x in _flat(a)) for a in advantages]
