@@ -535,6 +535,9 @@ def test_discounted_session_mosaic_in_fit(examples, tmp_path, monkeypatch):
         tmp_path,
         "--model.class_path=subclasses.DiscountedSessionMosaic",
         "--model.init_args.session_discount=0.5",
+        # per-call credit re-credits each call's trajectory term, and a session then records the
+        # mean of its calls' (`session_rows`): off, each session's rows carry exactly the override's
+        "--model.init_args.error_baseline=false",
         "--model.init_args.policy.init_args.lora_r=4",
         *ROLLOUTS,
         "--data.init_args.agent.init_args.max_steps=4",
@@ -581,7 +584,8 @@ def test_early_compaction_agent_in_fit(examples, tmp_path, monkeypatch):
         tokens for (_, tokens), compact in calls if compact and not MultiSessionAgent.should_compact(agent, tokens)
     ]
     assert early and all(128 < t <= 256 - agent.max_new_tokens for t in early)
-    assert all(r.meta["compactions"] >= 1 for r in cli.datamodule.last_rollouts)
+    # and the agent acted on it (a goal with a short prompt may not reach half the budget in 3 steps)
+    assert any(r.meta["compactions"] >= 1 for r in cli.datamodule.last_rollouts)
 
 
 def test_early_compaction_trigger_by_hand(examples):
