@@ -151,6 +151,24 @@ def default_lora_targets(model: nn.Module) -> list[str]:
     raise ValueError(f"no known attention projections in {type(model).__name__}; set lora_targets")
 
 
+def _merged(base: nn.Module, adapter: str, load_in_4bit: bool) -> nn.Module:
+    """``base`` with the saved peft ``adapter`` folded into its weights (`AgentPolicy(merge_adapter)`)."""
+    with _quiet_peft_and_bnb():
+        from peft import PeftModel
+
+    if load_in_4bit:
+        raise ValueError("merge_adapter folds the adapter into the weights, which a 4-bit base cannot hold "
+                         "exactly: merge on a full-precision load, save it (AgentPolicy.save_pretrained) and load "
+                         "that in 4 bits")
+    folder = Path(adapter)
+    if not (folder / "adapter_config.json").exists():
+        roles = sorted(d.name for d in folder.glob("*") if (d / "adapter_config.json").exists())
+        hint = f"; it holds the role folders {roles}: name one, e.g. {folder / roles[0]}" if roles else ""
+        raise FileNotFoundError(f"merge_adapter: no peft adapter at {folder} (adapter_config.json missing){hint}")
+    with _quiet_peft_and_bnb():
+        return PeftModel.from_pretrained(base, str(folder)).merge_and_unload()
+
+
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The stack of transformer blocks of a causal LM (``layers`` of Llama/Qwen2/Mistral, ``h`` of GPT-2)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
@@ -168,6 +186,10 @@ class AgentPolicy(nn.Module):
             `lit_agents.models.KNOWN_MODELS` (e.g. ``"smollm2-135m"``), a local folder, a
             ``.gguf`` file or a hub id.
         tiny: size of the embedded default (only with ``model="tiny"``).
+        merge_adapter: a saved peft adapter (the folder with ``adapter_config.json``, e.g. a LoRA
+            SFT run's ``adapters/last/default``) merged into the base weights at load: a stage
+            that starts from a LoRA-trained model (RL after LoRA SFT) trains fresh roles on top,
+            and the KL reference ``base`` (adapters disabled) is that merged model.
         finetune: ``"lora"`` trains one adapter per role on a frozen base; ``"full"`` trains
             every weight (for small models trained from scratch).
         roles: adapter names to create (LoRA only). The first is active after construction.
@@ -201,6 +223,7 @@ class AgentPolicy(nn.Module):
         self,
         model: str = "tiny",
         tiny: TinyConfig | None = None,
+        merge_adapter: str | None = None,
         finetune: Literal["lora", "full"] = "lora",
         roles: list[str] | None = None,
         adapters: dict[str, str] | None = None,
@@ -227,6 +250,8 @@ class AgentPolicy(nn.Module):
         self.logprob_chunk_size = logprob_chunk_size
         self.lora_settings = dict(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, targets=lora_targets)
         base, self.tokenizer = self._load(model, tiny, dtype, load_in_4bit, attn_implementation)
+        if merge_adapter is not None:
+            base = _merged(base, merge_adapter, load_in_4bit)
         self.gradient_checkpointing = gradient_checkpointing
         if gradient_checkpointing:
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

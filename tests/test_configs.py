@@ -47,7 +47,24 @@ def smollm2_folder(tmp_path_factory):
     return str(out)
 
 
-def _short(config: Path, tmp_path: Path, smollm2: str | None = None, overlays: tuple[Path, ...] = ()) -> list[str]:
+@pytest.fixture(scope="session")
+def smollm2_adapter(smollm2_folder, tmp_path_factory):
+    """A LoRA adapter of the 2-layer SmolLM2 (its B moved off 0): the `merge_adapter` of a config that
+    starts from a LoRA SFT run."""
+    import torch
+
+    from lit_agents.policy import AgentPolicy
+
+    policy = AgentPolicy(model=smollm2_folder, lora_r=4, lora_targets="all-linear")
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.01)
+    return str(policy.save_role("default", tmp_path_factory.mktemp("smollm2_sft_adapter")))
+
+
+def _short(config: Path, tmp_path: Path, smollm2: str | None = None, overlays: tuple[Path, ...] = (),
+           merge: str | None = None) -> list[str]:
     """Any config shrunk to seconds by the configs/debug/ overlays (small model, few tasks, short
     episodes), writing under ``tmp_path``."""
     text = config.read_text()
@@ -62,6 +79,8 @@ def _short(config: Path, tmp_path: Path, smollm2: str | None = None, overlays: t
         args += ["-c", str(DEBUG / "tiny_model.yaml")]
     if smollm2 and "model: smollm2-135m" in text:
         args += [f"--model.init_args.policy.init_args.model={smollm2}"]
+    if merge:  # a config that merges an earlier LoRA stage's adapter
+        args += [f"--model.init_args.policy.init_args.merge_adapter={merge}"]
     return [*args, f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}"]
 
 
@@ -80,7 +99,8 @@ def test_config_prints(config, capsys):
 @pytest.mark.parametrize("config", sorted(set(CONFIGS) - STAGED), ids=map(_id, sorted(set(CONFIGS) - STAGED)))
 def test_config_fits_one_short_epoch(config, tmp_path, request):
     smollm2 = request.getfixturevalue("smollm2_folder") if "model: smollm2-135m" in config.read_text() else None
-    cli = AgentsCLI(args=_short(config, tmp_path, smollm2), run=False)
+    merge = request.getfixturevalue("smollm2_adapter") if "merge_adapter:" in config.read_text() else None
+    cli = AgentsCLI(args=_short(config, tmp_path, smollm2, merge=merge), run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.current_epoch == 1
     assert "val/success" in cli.trainer.callback_metrics

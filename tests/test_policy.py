@@ -161,6 +161,31 @@ def test_save_pretrained_merges_a_copy_and_keeps_the_adapters(tiny_config, tmp_p
     torch.testing.assert_close(merged.token_logprobs(ids, torch.ones_like(ids)), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_merge_adapter_starts_from_the_lora_trained_model(tiny_config, tmp_path):
+    """RL after LoRA SFT: the SFT adapter folded into the base; a fresh role on top starts at that
+    model, and the KL reference `base` (adapters disabled) is the merged model, not the raw base."""
+    AgentPolicy(tiny=tiny_config, finetune="full").save_pretrained(tmp_path / "base")
+    sft = AgentPolicy(model=str(tmp_path / "base"), lora_r=4).eval()
+    with torch.no_grad():
+        for name, p in sft.model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.3)
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    mask = torch.ones_like(ids)
+    trained = sft.token_logprobs(ids, mask)
+    with sft.adapters_disabled():
+        raw = sft.token_logprobs(ids, mask)
+    assert not torch.allclose(trained, raw, atol=1e-3)  # the adapter matters
+    saved = sft.save_role("default", tmp_path / "adapters")
+    rl = AgentPolicy(model=str(tmp_path / "base"), merge_adapter=str(saved), lora_r=4).eval()
+    assert rl.roles == ["default"]
+    torch.testing.assert_close(rl.token_logprobs(ids, mask), trained, atol=1e-5, rtol=1e-5)
+    with rl.adapters_disabled():
+        torch.testing.assert_close(rl.token_logprobs(ids, mask), trained, atol=1e-5, rtol=1e-5)
+    with pytest.raises(FileNotFoundError, match="role folders \\['default'\\]"):
+        AgentPolicy(model=str(tmp_path / "base"), merge_adapter=str(tmp_path / "adapters"))
+
+
 def _arch_folder(arch: str, tiny_folder, tmp_path) -> str:
     """A random 2-layer model of ``arch`` (qwen2, llama, gpt2; no dropout) with the embedded
     default's tokenizer, saved under ``tmp_path/m``: the architectures users bring."""
