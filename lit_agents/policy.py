@@ -151,6 +151,12 @@ def default_lora_targets(model: nn.Module) -> list[str]:
     raise ValueError(f"no known attention projections in {type(model).__name__}; set lora_targets")
 
 
+def role_folders(folder: str | Path) -> dict[str, Path]:
+    """role -> adapter folder under ``folder``, the layout `AgentPolicy.save_role` (and so
+    `LoRACheckpoint`) writes: one sub-folder per role holding ``adapter_config.json``."""
+    return {d.name: d for d in sorted(Path(folder).glob("*")) if (d / "adapter_config.json").exists()}
+
+
 def _merged(base: nn.Module, adapter: str, load_in_4bit: bool) -> nn.Module:
     """``base`` with the saved peft ``adapter`` folded into its weights (`AgentPolicy(merge_adapter)`)."""
     with _quiet_peft_and_bnb():
@@ -162,7 +168,7 @@ def _merged(base: nn.Module, adapter: str, load_in_4bit: bool) -> nn.Module:
                          "that in 4 bits")
     folder = Path(adapter)
     if not (folder / "adapter_config.json").exists():
-        roles = sorted(d.name for d in folder.glob("*") if (d / "adapter_config.json").exists())
+        roles = list(role_folders(folder))
         hint = f"; it holds the role folders {roles}: name one, e.g. {folder / roles[0]}" if roles else ""
         raise FileNotFoundError(f"merge_adapter: no peft adapter at {folder} (adapter_config.json missing){hint}")
     with _quiet_peft_and_bnb():

@@ -42,7 +42,7 @@ import yaml
 
 from lit_agents.cli import AgentsCLI
 from lit_agents.envs.base import Split, Task
-from lit_agents.policy import AgentPolicy
+from lit_agents.policy import AgentPolicy, role_folders
 from lit_agents.types import Rollout
 
 #: one row of ``results.csv`` per rollout (plus the group key when it is not one of these)
@@ -125,7 +125,7 @@ def load_adapters(policy: AgentPolicy, folder: str | Path) -> list[str]:
         role = folder.name if folder.name in policy.roles else (policy.active_role or "default")
         found = {role: folder}
     else:
-        found = {d.name: d for d in sorted(folder.glob("*")) if (d / "adapter_config.json").exists()}
+        found = role_folders(folder)
     if not found:
         raise FileNotFoundError(f"no trained weights at {folder}: neither a peft adapter (adapter_config.json), "
                                 "role folders of adapters, nor a model (config.json or model/config.json)")
