@@ -252,13 +252,13 @@ def test_token_logprobs_never_saves_full_logits() -> None:
     # The hook does see a [B, T, V] tensor when the logits are built whole ...
     naive, _ = _saved_numels(lambda: _full_logprobs(hidden, weight, ids)[0].sum().backward())
     assert max(naive) >= full_logits
-    # ... and nothing of that size from the chunked version: each chunk's checkpoint keeps only
-    # its inputs (a view of the hidden states, the shared weight, the targets).
+    # ... and nothing of that size from the chunked version: each chunk keeps only its inputs (a
+    # view of the hidden states, the shared weight, the targets) and one log-sum-exp per position.
     sizes, saved_bytes = _saved_numels(
         lambda: token_logprobs(hidden, weight, ids, chunk_size=chunk).sum().backward()
     )
     assert max(sizes) <= max(V * H, B * T * H)
-    assert saved_bytes <= 4 * (V * H + B * T * H) + 8 * B * T  # weight, hidden copy, targets
+    assert saved_bytes <= 4 * (V * H + B * T * H) + 8 * B * T + 4 * B * T  # weight, hidden, targets, lse
     assert saved_bytes < 4 * full_logits / 4
     assert hidden.grad is not None and weight.grad is not None
 
@@ -316,3 +316,37 @@ def test_awac_weights_by_hand_and_per_episode():
     # capped after normalizing: raw [1, e^20] / mean -> ~[0, 2]; cap 1.5
     capped = awac_weights(torch.tensor([0.0, 40.0]), alpha=2.0, clip=1.5)
     assert capped.max().item() == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logprobs_and_entropy_gradients(temperature: float) -> None:
+    """The entropy pass gives token_logprobs' gradients (hidden, head, bias) and none of its own."""
+    hidden, weight, bias, ids = _leaves(T=9, V=13, seed=3)
+    mask = torch.rand(ids.shape, generator=torch.Generator().manual_seed(1)) > 0.3
+    ref, ref_all = _full_logprobs(hidden, weight, ids, bias, temperature)
+    ref = torch.where(mask, ref, 0.0)
+    want = torch.autograd.grad((ref * ref.detach().sin()).sum(), (hidden, weight, bias))
+    logp, entropy = token_logprobs_and_entropy(hidden, weight, ids, bias, chunk_size=4,
+                                               temperature=temperature, mask=mask)
+    torch.testing.assert_close(logp, ref, atol=1e-5, rtol=1e-5)
+    ent = -(ref_all.exp() * ref_all).sum(-1)
+    torch.testing.assert_close(entropy[:, 1:], torch.where(mask[:, 1:], ent, 0.0), atol=1e-5, rtol=1e-5)
+    assert not entropy.requires_grad
+    got = torch.autograd.grad((logp * logp.detach().sin()).sum(), (hidden, weight, bias))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_token_logprobs_under_autocast_matches_bf16_matmul() -> None:
+    """Under bf16 autocast the head's matmul runs in bf16 both ways, the softmax in fp32; the
+    gradient reaches an fp32 hidden state in fp32."""
+    hidden, weight, _, ids = _leaves(T=8, V=17, seed=5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = token_logprobs(hidden, weight, ids, chunk_size=3)
+        g_h, g_w = torch.autograd.grad(out.sum(), (hidden, weight))
+    assert out.dtype == torch.float32 and g_h.dtype == torch.float32 and g_w.dtype == torch.float32
+    ref, _ = _full_logprobs(hidden.bfloat16().float(), weight.bfloat16().float(), ids)
+    torch.testing.assert_close(out, ref.detach(), atol=2e-2, rtol=2e-2)
+    r_h, r_w = torch.autograd.grad(ref.sum(), (hidden, weight))
+    torch.testing.assert_close(g_h, r_h, atol=5e-2, rtol=5e-2)
+    torch.testing.assert_close(g_w, r_w, atol=5e-2, rtol=5e-2)

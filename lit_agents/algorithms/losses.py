@@ -21,8 +21,8 @@ Implemented:
 - Multi2's System 2 actor-critic, per action (tensors ``[N]``): ``td_targets`` (terminal
   transitions included), ``expectile_loss`` (V toward Q), ``policy_anchored_weights`` (offline
   actor) and ``awac_weights`` (online actor), as in docs/algorithms.md, Multi2.
-- ``token_logprobs``: log-probs of the given ids from last hidden states, in chunks under
-  ``torch.utils.checkpoint``, so the ``[B, T, V]`` logits never exist whole.
+- ``token_logprobs``: log-probs of the given ids from last hidden states, in chunks whose
+  logits the backward recomputes, so the ``[B, T, V]`` logits never exist whole.
 
 Normalization: by default a loss is the mean over the mask's tokens (token-mean over the batch);
 ``normalizer=c`` divides the masked sum by the constant ``c`` instead (Dr. GRPO, arXiv
@@ -393,24 +393,71 @@ def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: f
     return F.linear(h.to(weight.dtype), weight, bias).float() / temperature
 
 
+class _HeadLogProb(torch.autograd.Function):
+    """Log-probs of ``targets`` (and, on request, the entropies) of one chunk of hidden states
+    through the output layer, saving no logits: the backward recomputes the ``[n, V]`` logits
+    once and forms ``d logp / d logits = onehot(target) - softmax`` in place (the fused
+    linear-cross-entropy backward), a handful of vocabulary-sized passes where autograd through
+    ``log_softmax`` + ``gather`` (+ the entropy's terms) under checkpointing took about three
+    times as many. The matmuls run in ``dtype`` both ways (the autocast dtype, or the
+    weight's), the softmax in float32. Returns ``(logp [n], entropy)``: the entropies ``[n]``
+    (not differentiable) where ``with_entropy``, else an empty tensor."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
+                with_entropy: bool, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        logits = _head_logits(h, weight, bias, temperature, dtype)
+        lse = torch.logsumexp(logits, -1)
+        picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+        ctx.save_for_backward(h, weight, bias, targets, lse)
+        ctx.temperature, ctx.dtype = temperature, dtype
+        entropy = picked.new_zeros(0)
+        if with_entropy:
+            logp = logits.sub_(lse.unsqueeze(-1)).clamp_(min=torch.finfo(logits.dtype).min)  # 0 * -inf: nan
+            entropy = -(logp.exp().mul_(logp)).sum(-1)
+        ctx.mark_non_differentiable(entropy)
+        return picked, entropy
+
+    @staticmethod
+    def backward(ctx, grad: Tensor, _entropy_grad: Tensor):
+        h, weight, bias, targets, lse = ctx.saved_tensors
+        g = (grad / ctx.temperature).unsqueeze(-1)
+        # d picked / d logits = onehot(target) - softmax; times g, and 1/T for the logits' scale
+        probs = _head_logits(h, weight, bias, ctx.temperature, ctx.dtype).sub_(lse.unsqueeze(-1)).exp_()
+        grad_logits = probs.mul_(-g).scatter_add_(-1, targets.unsqueeze(-1), g).to(ctx.dtype)
+        with torch.autocast(h.device.type, enabled=False):
+            grad_h = grad_logits @ weight.to(ctx.dtype) if ctx.needs_input_grad[0] else None
+            grad_w = grad_logits.t() @ h.to(ctx.dtype) if ctx.needs_input_grad[1] else None
+        grad_b = grad_logits.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+        return (None if grad_h is None else grad_h.to(h.dtype), None if grad_w is None else grad_w.to(weight.dtype),
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
+
+
+def _head_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float, dtype: torch.dtype) -> Tensor:
+    """``[n, V]`` float32 logits / temperature, the matmul in ``dtype`` outside autocast."""
+    with torch.autocast(h.device.type, enabled=False):
+        logits = F.linear(h.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)).float()
+    return logits.div_(temperature) if temperature != 1.0 else logits
+
+
+def _matmul_dtype(h: Tensor, weight: Tensor) -> torch.dtype:
+    """What ``F.linear(h, weight)`` computes in here: the autocast dtype where autocast is on."""
+    kind = h.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else weight.dtype
+
+
 def _chunk_logp(
     h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float
 ) -> Tensor:
     """``[n]`` log-probs of ``targets [n]``."""
-    logits = _chunk_logits(h, weight, bias, temperature)
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return picked - logits.logsumexp(-1)
+    return _HeadLogProb.apply(h, weight, bias, targets, temperature, False, _matmul_dtype(h, weight))[0]
 
 
 def _chunk_logp_entropy(
     h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float
 ) -> Tensor:
-    """``[n, 2]``: log-probs of ``targets`` and entropies of the distributions."""
-    logp_all = _chunk_logits(h, weight, bias, temperature).log_softmax(-1)
-    picked = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    finite = logp_all.clamp(min=torch.finfo(logp_all.dtype).min)  # 0 * -inf would give nan
-    entropy = -(logp_all.exp() * finite).sum(-1)
-    return torch.stack([picked, entropy], dim=-1)
+    """``[n, 2]``: log-probs of ``targets`` and entropies of the distributions (no gradient)."""
+    return torch.stack(_HeadLogProb.apply(h, weight, bias, targets, temperature, True, _matmul_dtype(h, weight)), -1)
 
 
 def _chunked(
@@ -444,7 +491,7 @@ def _chunked(
         keep = mask[:, 1:].reshape(-1).bool().nonzero().squeeze(-1)
         h, targets = h.index_select(0, keep), targets.index_select(0, keep)
     needs_grad = [t.requires_grad for t in (hidden, weight, bias) if t is not None]
-    use_ckpt = torch.is_grad_enabled() and any(needs_grad)
+    use_ckpt = torch.is_grad_enabled() and any(needs_grad) and fn not in (_chunk_logp, _chunk_logp_entropy)
     pieces = [h.new_zeros((0, *trailing), dtype=torch.float32)]
     for start in range(0, h.shape[0], chunk_size):
         args = (h[start : start + chunk_size], weight, bias, targets[start : start + chunk_size])
@@ -472,11 +519,11 @@ def token_logprobs(
 
     ``out[:, t] = log_softmax((hidden[:, t-1] @ W.T + b) / temperature)[input_ids[:, t]]`` and
     ``out[:, 0] = 0`` (nothing predicts the first token). The ``B*(T-1)``
-    predicting positions are processed ``chunk_size`` at a time, each chunk under
-    ``torch.utils.checkpoint``: only ``[chunk_size, V]`` logits exist at once, in the forward and
-    in the backward (recomputed), and none are saved for backward. The matmul runs in the
-    weight's dtype and the logits are cast to float32. Gradients flow to ``hidden`` and to the
-    weight (and bias) where they require grad.
+    predicting positions are processed ``chunk_size`` at a time: only ``[chunk_size, V]`` logits
+    exist at once, in the forward and in the backward (recomputed, with the gradient of the
+    log-softmax formed in place: `_HeadLogProb`), and none are saved for backward. The matmul
+    runs in the weight's dtype (the autocast dtype under autocast) and the softmax in float32.
+    Gradients flow to ``hidden`` and to the weight (and bias) where they require grad.
 
     Args:
         hidden: ``[B, T, H]`` last hidden states (after the final norm).
@@ -512,7 +559,8 @@ def token_logprobs_and_entropy(
 
     Returns:
         ``(logp, entropy)``, both ``[B, T]`` float32; ``entropy[:, t]`` is the entropy of the
-        distribution that predicted token ``t`` (0 at ``t = 0`` and outside ``mask``).
+        distribution that predicted token ``t`` (0 at ``t = 0`` and outside ``mask``), detached
+        (a health curve, not a loss term).
     """
     both = _chunked(
         _chunk_logp_entropy,
@@ -525,4 +573,4 @@ def token_logprobs_and_entropy(
         temperature,
         mask,
     )
-    return both[..., 0], both[..., 1]
+    return both[..., 0], both[..., 1].detach()
