@@ -316,6 +316,21 @@ def test_peft_model(decode: str) -> None:
         assert_close(completion.logprobs, ref)
 
 
+def test_output_layer_reads_contiguous_hidden_states() -> None:
+    """The prefill's last position reaches the output layer as a contiguous [b, 1, H] tensor (a
+    strided slice of [b, n, H] made the CPU head a batched matmul over per-row weight copies)."""
+    model = make_model()
+    seen = []
+    handle = model.get_output_embeddings().register_forward_pre_hook(
+        lambda module, args: seen.append((tuple(args[0].shape), args[0].is_contiguous())))
+    try:
+        greedy(GenerationEngine(model, pad_token_id=PAD), [[3, 4, 5, 6, 7], [8, 9, 10]], max_new_tokens=3)
+    finally:
+        handle.remove()
+    assert seen and seen[0][0] == (2, 1, model.config.hidden_size)
+    assert all(contiguous for _, contiguous in seen)
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
 def test_shared_prefill_matches_separate_prefill(arch: str) -> None:
     """A group's identical prompts (and forks reading the same tokens) are prefilled once; the
