@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
+from lit_agents.algorithms.collate import MIN_SHARED_PREFIX, shared_prefix_plan
 from lit_agents.algorithms.losses import token_logprobs, token_logprobs_and_entropy
 from lit_agents.generation.hf_patches import forward_arguments
 from lit_agents.models import ModelSource, load_pretrained, resolve_model
@@ -491,45 +492,25 @@ class AgentPolicy(nn.Module):
         ).last_hidden_state
 
     #: shortest prefix worth sharing, in tokens
-    min_shared_prefix = 16
+    min_shared_prefix = MIN_SHARED_PREFIX
 
     def _shared_prefix_plan(
         self, input_ids: Tensor, attention_mask: Tensor, needed: Tensor
     ) -> tuple[list[tuple[int, int]], list[int], list[int]] | None:
-        """Which rows share which prefix: ``(prefixes, row_prefix, row_start)``, each prefix a
-        (representative row, length), each row its prefix's index (-1: none) and where its own
-        tokens start (0 without a prefix); None where sharing is off or saves under 10% of the
-        batch's padded positions (one prefix pass plus the suffix pass, padded to its longest)."""
-        if not self.share_prefix or self.gradient_checkpointing or self._stochastic() or self._sharded() \
-                or self._windowed():
+        """Which rows share which prefix (`collate.shared_prefix_plan`), or None where sharing is
+        off or does not pay."""
+        if not self.shares_prefixes():
             return None
         lengths = attention_mask.sum(-1).tolist()
         first_needed = torch.where(needed.any(-1), needed.float().argmax(-1), attention_mask.sum(-1)).tolist()
-        ids = input_ids.tolist()
-        limits = [min(f, n - 1) for f, n in zip(first_needed, lengths)]  # a row keeps >= 1 own token
-        clusters: dict[tuple[int, ...], list[int]] = {}
-        for r, limit in enumerate(limits):
-            if limit >= self.min_shared_prefix:
-                clusters.setdefault(tuple(ids[r][: self.min_shared_prefix]), []).append(r)
-        prefixes, row_prefix, row_start = [], [-1] * len(ids), [0] * len(ids)
-        for rows in clusters.values():
-            if len(rows) < 2:
-                continue
-            rep_ids, length = ids[rows[0]], min(limits[r] for r in rows)
-            for r in rows[1:]:
-                same = 0
-                while same < length and ids[r][same] == rep_ids[same]:
-                    same += 1
-                length = same
-            if length >= self.min_shared_prefix:
-                for r in rows:
-                    row_prefix[r], row_start[r] = len(prefixes), length
-                prefixes.append((rows[0], length))
-        if not prefixes:
-            return None
-        suffix = max(n - s for n, s in zip(lengths, row_start))
-        cost = len(prefixes) * max(p for _, p in prefixes) + len(ids) * suffix
-        return (prefixes, row_prefix, row_start) if cost < 0.9 * input_ids.numel() else None
+        return shared_prefix_plan(input_ids.tolist(), lengths, first_needed, self.min_shared_prefix)
+
+    def shares_prefixes(self) -> bool:
+        """Whether training batches run their rows' shared prefixes once (``share_prefix`` and
+        nothing that forbids it); the data modules then keep a task's rows together where that
+        costs fewer positions (`collate.batches_by_tokens`)."""
+        return self.share_prefix and not (self.gradient_checkpointing or self._stochastic() or self._sharded()
+                                          or self._windowed())
 
     def _windowed(self) -> bool:
         """Whether some layer attends within a sliding window: the window is measured in cache

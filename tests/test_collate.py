@@ -10,6 +10,7 @@ import torch
 from lit_agents.algorithms.collate import (
     Batch,
     Row,
+    batch_positions,
     batches_by_tokens,
     collate_packed,
     collate_rows,
@@ -18,6 +19,7 @@ from lit_agents.algorithms.collate import (
     pack_rows,
     packs_by_tokens,
     record_advantages,
+    row_orders,
     segments_row,
     session_rows,
 )
@@ -170,9 +172,54 @@ def test_batches_by_tokens_hand_example() -> None:
     assert batches == batches_by_tokens(rows, max_tokens_per_batch=16)
 
 
+def test_row_orders_by_length_and_by_group() -> None:
+    rows = []
+    for group, n in ((0, 10), (0, 4), (1, 12), (0, 9), (None, 6), (1, 3)):
+        row = _row(n)
+        if group is not None:
+            row.meta["group_id"] = group
+        rows.append(row)
+    by_length, by_group = row_orders(rows)
+    assert [r.num_tokens for r in by_length] == [12, 10, 9, 6, 4, 3]
+    # groups in order of their longest row, each longest first; the lone row is a group of one
+    assert [r.num_tokens for r in by_group] == [12, 3, 10, 9, 4, 6]
+    assert batches_by_tokens(rows, 30) == batches_by_tokens(rows, 30, share_prefix=False)
+    assert [[r.num_tokens for r in b] for b in batches_by_tokens(rows, 30)] == [[12, 10], [9, 6, 4], [3]]
+
+
+def _task_rows(prompt: list[int], own: list[int], group: int) -> list[Row]:
+    rows = []
+    for k, n in enumerate(own):
+        row = segments_row([(prompt, False), ([5 + k] * n, True)])
+        row.meta["group_id"] = group
+        rows.append(row)
+    return rows
+
+
+def test_batches_by_tokens_keeps_tasks_together_where_their_prompt_saves_more() -> None:
+    """A long shared prompt: micro-batches of whole tasks, each prompt run once, cost fewer
+    positions than length order, which interleaves the tasks; short prompts under rows of very
+    different lengths: length order stays. `batch_positions` is the policy's own count."""
+    long_a, long_b = [7] * 60, [8] * 60
+    rows = _task_rows(long_a, [10, 14, 12, 16], 0) + _task_rows(long_b, [11, 15, 13, 17], 1)
+    budget = 4 * 77
+    by_length = batches_by_tokens(rows, budget)
+    assert [{r.meta["group_id"] for r in b} for b in by_length] == [{0, 1}, {0, 1}]
+    grouped = batches_by_tokens(rows, budget, share_prefix=True)
+    assert [{r.meta["group_id"] for r in b} for b in grouped] == [{1}, {0}]
+    # the prefix stops before the state that predicts the first trained token (59 of 60 prompt tokens)
+    assert batch_positions(grouped[0]) == 59 + 4 * 18 and batch_positions(grouped[0], share_prefix=False) == 4 * 77
+    assert sum(map(batch_positions, grouped)) < sum(map(batch_positions, by_length))
+
+    short = _task_rows([7] * 16, [2, 60, 3, 58], 0) + _task_rows([8] * 16, [59, 4, 61, 1], 1)
+    assert batches_by_tokens(short, 2 * 77, share_prefix=True) == batches_by_tokens(short, 2 * 77)
+
+
 def test_batches_by_tokens_budget_and_coverage() -> None:
     rng = random.Random(0)
     rows = [_row(rng.randint(2, 40)) for _ in range(200)]
+    for row in rows[:150]:
+        row.meta["group_id"] = rng.randrange(20)
     budget = 64
     batches = batches_by_tokens(rows, budget)
     seen = [id(r) for b in batches for r in b]

@@ -210,9 +210,13 @@ class AgentDataModule(LightningDataModule):
 
     def token_batches(self, rows: list[Row]) -> list[list]:
         """Training batches of ``max_tokens_per_batch`` tokens: rows of similar length padded
-        together, or with ``packing`` rows put end to end (`collate.packs_by_tokens`)."""
+        together, or a task's rows together where the policy runs their shared prompt once and
+        that costs fewer positions (`collate.batches_by_tokens`); with ``packing`` rows put end
+        to end (`collate.packs_by_tokens`)."""
         if not self.packing:
-            return batches_by_tokens(rows, self.max_tokens_per_batch)
+            policy = self.trainer.lightning_module.policy if self.trainer is not None else None
+            return batches_by_tokens(rows, self.max_tokens_per_batch,
+                                     share_prefix=policy is not None and policy.shares_prefixes())
         return packs_by_tokens(rows, self.max_tokens_per_batch, self.pack_length)
 
     def _loader(self, steps: list[list[list]], k: int | None = None) -> DataLoader:
