@@ -7,7 +7,10 @@ top-p 1, no top-k; PPO-clip eps 0.2 / 0.28; GRPO advantages (R - mean) / std per
 scale_rewards="group"); the loss a token mean over every trained token of the step (TRL
 loss_type="dapo"), zero-advantage groups kept in the step and its normalizer (ours
 ``drop_zero_signal=False``); one optimizer step per batch of rollouts (TRL num_iterations=1,
-steps_per_generation=1, no accumulation; ours mini_batches=1, one micro-batch, one epoch per step);
+ours mini_batches=1, one epoch per step), in one micro-batch or, with ``rows_per_batch`` R, in micro-batches
+of R rows whose gradients accumulate into that one step (TRL per_device_train_batch_size=R,
+gradient_accumulation_steps = steps_per_generation = rows / R, one generation for the whole step, its rows
+shuffled; ours R rows per micro-batch in the order `batches_by_tokens` picks);
 AdamW (0.9, 0.999, eps 1e-8, weight decay 0) at a constant learning rate; gradient norm clipped to 1.0;
 no gradient checkpointing; KL coefficient ``beta`` with the k3 estimator (ours a `KLAnchor` to the base
 under LoRA or a frozen snapshot under full fine-tuning; TRL its adapters-disabled base or reference
@@ -21,6 +24,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, Trainer
 
+from lit_agents.algorithms.collate import Row, batch_positions, row_orders
 from lit_agents.callbacks import KLAnchor
 from lit_agents.data import RolloutDataModule
 from lit_agents.models import load_pretrained
@@ -42,16 +46,34 @@ def step_order(env, prompts_per_step: int, group: int, steps: int, seed: int) ->
 
 
 # ---------------------------------------------------------------------------------------------- ours
+class RowBatches(RolloutDataModule):
+    """Micro-batches of a fixed number of rows (TRL's per_device_train_batch_size) instead of a token
+    budget, cut from the row order `batches_by_tokens` would pick (`collate.row_orders`: by length, or a
+    task's rows together where that runs fewer positions)."""
+
+    def __init__(self, *args: Any, rows_per_batch: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rows_per_batch = rows_per_batch
+
+    def token_batches(self, rows: list[Row]) -> list[list[Row]]:
+        k = self.rows_per_batch
+        cuts = [[order[i : i + k] for i in range(0, len(order), k)] for order in row_orders(rows)]
+        return min(cuts, key=lambda batches: sum(map(batch_positions, batches)))
+
+
 def our_fit(folder: str, lora: bool, env, agent, *, lr: float, prompts_per_step: int, group: int, steps: int,
-            seed: int, callbacks: list[Callback], beta: float = 0.0) -> None:
+            seed: int, callbacks: list[Callback], beta: float = 0.0, rows_per_batch: int | None = None) -> None:
     """``steps`` GRPO steps of ours (one epoch of rollouts and one optimizer step each), through Lightning
-    as `lit-agents fit` runs them; ``callbacks`` observe."""
+    as `lit-agents fit` runs them; ``callbacks`` observe. ``rows_per_batch``: micro-batches of that many
+    rows (None: the whole step in one)."""
     lora_args = dict(lora_r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=0.0, lora_targets=LORA["targets"])
     policy = AgentPolicy(folder, finetune="lora" if lora else "full", dtype="float32", **(lora_args if lora else {}))
     module = GRPOPolicy(policy, lr=lr, eps_low=0.2, eps_high=0.28, drop_zero_signal=False, weight_decay=0.0,
                         kl_estimator="k3")
-    data = RolloutDataModule(env, agent, tasks_per_epoch=prompts_per_step, group_size=group, mini_batches=1,
-                             max_tokens_per_batch=10**8, val_tasks=0, seed=seed)
+    settings = dict(tasks_per_epoch=prompts_per_step, group_size=group, mini_batches=1, max_tokens_per_batch=10**8,
+                    val_tasks=0, seed=seed)
+    data = (RolloutDataModule(env, agent, **settings) if rows_per_batch is None
+            else RowBatches(env, agent, rows_per_batch=rows_per_batch, **settings))
     if beta:
         callbacks = [*callbacks, KLAnchor(coef=beta, reference="base" if lora else "snapshot")]
     trainer = Trainer(
@@ -83,14 +105,19 @@ def trl_peft(lora: bool):
 
 
 def trl_config(out: str, *, seed: int, prompts_per_step: int, group: int, lr: float, steps: int,
-               max_completion_length: int, beta: float = 0.0, **extra: Any):
+               max_completion_length: int, beta: float = 0.0, rows_per_batch: int | None = None, **extra: Any):
     """TRL's GRPOConfig with every setting above; ``extra`` for what only one comparison sets."""
     from trl import GRPOConfig
 
+    rows = prompts_per_step * group
+    per_batch = rows if rows_per_batch is None else rows_per_batch
+    if rows % per_batch:
+        raise ValueError(f"rows_per_batch={per_batch} must divide the step's {rows} rows")
     return GRPOConfig(
         output_dir=out, use_cpu=True, bf16=False, fp16=False, seed=seed, shuffle_dataset=False,
-        per_device_train_batch_size=prompts_per_step * group, gradient_accumulation_steps=1,
-        steps_per_generation=1, num_iterations=1, num_generations=group, max_completion_length=max_completion_length,
+        per_device_train_batch_size=per_batch, gradient_accumulation_steps=rows // per_batch,
+        steps_per_generation=rows // per_batch, num_iterations=1, num_generations=group,
+        max_completion_length=max_completion_length,
         temperature=1.0, top_p=1.0, top_k=0, beta=beta, use_bias_correction_kl=False, epsilon=0.2, epsilon_high=0.28,
         loss_type="dapo", scale_rewards="group", mask_truncated_completions=False, learning_rate=lr,
         lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch", adam_beta1=0.9, adam_beta2=0.999,

@@ -252,7 +252,7 @@ def ours(args, folder: str, lora: bool, env: TextCraft, agent: ReActAgent, order
     if profile is not None:
         profile.enable()
     our_fit(folder, lora, env, agent, lr=args.lr, prompts_per_step=args.prompts_per_step, group=args.group,
-            steps=args.steps + 1, seed=seed, callbacks=[clock])
+            steps=args.steps + 1, seed=seed, callbacks=[clock], rows_per_batch=args.rows_per_batch)
     if profile is not None:
         profile.disable()
     return clock.steps[1:]  # the first step is a warm-up
@@ -291,7 +291,8 @@ def trl_trainer(args, folder: str, lora: bool, env: TextCraft, agent: ReActAgent
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * len(order),
                                  "index": [position[t.task_id] for t in order]})
     config = trl_config(out, seed=seed, prompts_per_step=args.prompts_per_step, group=args.group, lr=args.lr,
-                        steps=max_steps, max_completion_length=BUDGET, generation_kwargs={"max_new_tokens": NEW_TOKENS},
+                        steps=max_steps, max_completion_length=BUDGET, rows_per_batch=args.rows_per_batch,
+                        generation_kwargs={"max_new_tokens": NEW_TOKENS},
                         max_tool_calling_iterations=env.max_steps)
     trainer = TimedGRPO(
         model=model, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=trl_peft(lora),
@@ -444,6 +445,9 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=5, help="actions per episode")
     parser.add_argument("--lr", type=float, default=1e-5, help="learning rate of both sides")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--rows-per-batch", type=int, default=None,
+                        help="micro-batches of this many rows, accumulated into the step's one optimizer step, on "
+                             "both sides (default: the whole step in one)")
     parser.add_argument("--profile", help="write cProfile stats of each side's fits to <PROFILE>.{ours,trl}.prof")
     parser.add_argument("--smoke", action="store_true", help="1 round x 1 timed step, 2 prompts per step")
     args = parser.parse_args()

@@ -49,3 +49,26 @@ def test_a_prompt_pool_is_one_fixed_draw_that_each_task_finds_again(tiny_config)
         expert = textcraft.expert_action(prompt.state)  # the final craft solves it
         assert bench.craft_reward(textcraft, agent, prompt, expert) == 1.0
     assert len(bench.pool(prompts, 0)) == len(bench.pool(prompts, 10**6)) == len(prompts)
+
+
+def test_row_batches_cut_r_rows_from_the_cheaper_order(tiny_config):
+    """``--rows-per-batch R`` (vs_trl_multiturn.py): our micro-batches hold R rows, as TRL's do, cut
+    from the order our own batching would pick: a task's rows together where their prompt is long."""
+    from lit_agents.algorithms.collate import segments_row
+
+    matched = _load("trl_matched")
+    data = matched.RowBatches(TextCraft(**matched.QUICKSTART_ENV), rows_per_batch=4)
+
+    def task(prompt: list[int], own: list[int], group: int) -> list:
+        rows = [segments_row([(prompt, False), ([5 + k] * n, True)]) for k, n in enumerate(own)]
+        for row in rows:
+            row.meta["group_id"] = group
+        return rows
+
+    rows = task([7] * 60, [10, 14, 12, 16], 0) + task([8] * 60, [11, 15, 13, 17], 1)
+    batches = data.token_batches(rows)
+    assert [len(b) for b in batches] == [4, 4]
+    assert [{r.meta["group_id"] for r in b} for b in batches] == [{1}, {0}]
+    short = task([7] * 16, [2, 60, 3, 58], 0) + task([8] * 16, [59, 4, 61, 1], 1)
+    by_length = data.token_batches(short)
+    assert [[r.num_tokens for r in b] for b in by_length] == [[77, 76, 75, 74], [20, 19, 18, 17]]
