@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from lit_agents.algorithms.collate import MIN_SHARED_PREFIX, shared_prefix_plan
+from lit_agents.algorithms.collate import MIN_SHARED_PREFIX, PrefixPlan, shared_prefix_plan
 from lit_agents.algorithms.losses import token_logprobs, token_logprobs_and_entropy
 from lit_agents.generation.hf_patches import forward_arguments
 from lit_agents.models import ModelSource, load_pretrained, resolve_model
@@ -496,7 +496,7 @@ class AgentPolicy(nn.Module):
 
     def _shared_prefix_plan(
         self, input_ids: Tensor, attention_mask: Tensor, needed: Tensor
-    ) -> tuple[list[tuple[int, int]], list[int], list[int]] | None:
+    ) -> PrefixPlan | None:
         """Which rows share which prefix (`collate.shared_prefix_plan`), or None where sharing is
         off or does not pay."""
         if not self.shares_prefixes():

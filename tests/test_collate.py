@@ -301,3 +301,22 @@ def test_group_steps_keep_groups_whole_and_balance_tokens() -> None:
         assert sorted(id(r) for s in steps for r in s) == sorted(id(r) for r in rows)
     with pytest.raises(ValueError):
         group_steps(rows, 0)
+
+
+def test_rollout_data_module_groups_tasks_only_where_the_policy_shares_prefixes() -> None:
+    """`RolloutDataModule.token_batches` asks the training module's policy whether it runs shared
+    prompts once (`AgentPolicy.shares_prefixes`) and batches accordingly."""
+    from types import SimpleNamespace
+
+    from lit_agents.data import RolloutDataModule
+    from lit_agents.envs import TextCraft
+
+    rows = _task_rows([7] * 60, [10, 14, 12, 16], 0) + _task_rows([8] * 60, [11, 15, 13, 17], 1)
+    data = RolloutDataModule(TextCraft(), max_tokens_per_batch=4 * 77)
+    for shares in (True, False):
+        policy = SimpleNamespace(shares_prefixes=lambda shares=shares: shares)
+        data.trainer = SimpleNamespace(lightning_module=SimpleNamespace(policy=policy))
+        assert data.token_batches(rows) == batches_by_tokens(rows, 4 * 77, share_prefix=shares)
+    assert [{r.meta["group_id"] for r in b} for b in data.token_batches(rows)] == [{0, 1}, {0, 1}]
+    data.trainer = None
+    assert data.token_batches(rows) == batches_by_tokens(rows, 4 * 77)

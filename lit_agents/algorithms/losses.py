@@ -268,7 +268,7 @@ def token_vocab_kl(
 
     ``out[:, t] = KL(softmax(hidden[:, t-1] @ W.T) || softmax(ref_hidden[:, t-1] @ W_ref.T))``
     where ``mask[:, t]``, else 0. Only ``[chunk_size, V]`` logits of each side exist at once
-    (recomputed in the backward under ``torch.utils.checkpoint``, as `token_logprobs`).
+    (recomputed in the backward under ``torch.utils.checkpoint``).
 
     Args:
         hidden: ``[B, T, H]`` the policy's last hidden states (after the final norm).
@@ -290,14 +290,15 @@ def token_vocab_kl(
     ref_b = None if ref_lm_head_bias is None else ref_lm_head_bias.detach()
 
     def chunk(h: Tensor, weight: Tensor, bias: Tensor | None, _targets: Tensor, temp: float) -> Tensor:
-        logp = _chunk_logits(h[:, :H], weight, bias, temp).log_softmax(-1)
-        return vocab_kl(logp, _chunk_logits(h[:, H:], ref_w, ref_b, temp).log_softmax(-1))
+        logp = _head_logits(h[:, :H], weight, bias, temp, _matmul_dtype(h, weight)).log_softmax(-1)
+        return vocab_kl(logp, _head_logits(h[:, H:], ref_w, ref_b, temp, _matmul_dtype(h, ref_w)).log_softmax(-1))
 
     # `_chunked` selects, chunks and checkpoints the predicting positions of one hidden tensor:
     # both sides' states ride in it side by side (no gradient reaches the reference's half)
     both = torch.cat([hidden, ref_hidden.detach().to(hidden.dtype)], dim=-1)
     no_targets = torch.zeros(mask.shape, dtype=torch.long, device=mask.device)
-    return _chunked(chunk, (), both, lm_head_weight, no_targets, lm_head_bias, chunk_size, temperature, mask)
+    return _chunked(chunk, (), both, lm_head_weight, no_targets, lm_head_bias, chunk_size, temperature, mask,
+                    recompute=True)
 
 
 def kl_loss(
@@ -388,11 +389,6 @@ def awac_weights(adv: Tensor, alpha: float = 1.0, clip: float = 20.0, episode_id
 # Token log-probs from hidden states, chunked.
 
 
-def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
-    """``[n, V]`` float32 logits of ``[n, H]`` hidden states (matmul in the weight's dtype)."""
-    return F.linear(h.to(weight.dtype), weight, bias).float() / temperature
-
-
 class _HeadLogProb(torch.autograd.Function):
     """Log-probs of ``targets`` (and, on request, the entropies) of one chunk of hidden states
     through the output layer, saving no logits: the backward recomputes the ``[n, V]`` logits
@@ -470,11 +466,14 @@ def _chunked(
     chunk_size: int,
     temperature: float,
     mask: Tensor | None,
+    recompute: bool = False,
 ) -> Tensor:
     """Apply ``fn`` to the predicting positions in chunks.
 
     ``fn(h [n, H], weight, bias, targets [n], temperature)`` returns ``[n, *trailing]``; the
     result is ``[B, T, *trailing]`` float32 with zeros at ``t = 0`` and outside ``mask``.
+    ``recompute``: run each chunk under ``torch.utils.checkpoint`` when a gradient is taken (for
+    an ``fn`` whose autograd graph would keep ``[n, V]`` logits; `_HeadLogProb` keeps none).
     """
     if hidden.dim() != 3 or input_ids.shape != hidden.shape[:2] or hidden.shape[1] < 1:
         raise ValueError(
@@ -491,7 +490,7 @@ def _chunked(
         keep = mask[:, 1:].reshape(-1).bool().nonzero().squeeze(-1)
         h, targets = h.index_select(0, keep), targets.index_select(0, keep)
     needs_grad = [t.requires_grad for t in (hidden, weight, bias) if t is not None]
-    use_ckpt = torch.is_grad_enabled() and any(needs_grad) and fn not in (_chunk_logp, _chunk_logp_entropy)
+    use_ckpt = recompute and torch.is_grad_enabled() and any(needs_grad)
     pieces = [h.new_zeros((0, *trailing), dtype=torch.float32)]
     for start in range(0, h.shape[0], chunk_size):
         args = (h[start : start + chunk_size], weight, bias, targets[start : start + chunk_size])
