@@ -142,6 +142,21 @@ def test_kl_loss_masks_padding() -> None:
     torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 0.3160603, -0.8591409]]))
 
 
+def test_k3_clamp_bounds_the_gradient_of_a_token_far_below_the_reference() -> None:
+    # session 22: one step drove a sampled token from logp -3.0 to -15.8 (reference -3.5); k3's
+    # gradient there is 1 - exp(12.3), about -2.3e5, and it made the step's gradient
+    logp = torch.tensor([[-15.8, -1.0, -2.0]], requires_grad=True)
+    ref = torch.tensor([[-3.5, -2.0, -2.0]])
+    k3 = kl_estimate(logp, ref, "k3")
+    capped = kl_estimate(logp, ref, "k3_clamp")
+    assert k3[0, 0] > 1e5 and capped[0, 0] == 10.0  # capped
+    torch.testing.assert_close(capped[0, 1:], k3[0, 1:])  # below the cap: k3 itself
+    capped.sum().backward()
+    # past the cap no gradient; below it k3's 1 - exp(ref - logp) = 1 - e^-1
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 0.6321206, 0.0]]))
+    assert kl_estimate(ref, ref, "k3_clamp").eq(0).all()
+
+
 def test_sft_loss() -> None:
     logp = torch.tensor([[-100.0, -1.0, -2.0], [-50.0, -3.0, 0.0]])
     mask = torch.tensor([[False, True, True], [False, True, False]])

@@ -61,7 +61,7 @@ __all__ = [
     "token_logprobs_and_entropy",
 ]
 
-KLKind = Literal["k1", "k2", "k3"]
+KLKind = Literal["k1", "k2", "k3", "k3_clamp"]
 
 
 class LossOutput(NamedTuple):
@@ -206,7 +206,13 @@ def _k3(log_ratio: Tensor) -> Tensor:
     return torch.expm1(neg) - neg
 
 
-_KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3}
+def _k3_clamp(log_ratio: Tensor) -> Tensor:
+    # verl's low_var_kl: the log-ratio within +-20, the estimate at most 10. Tokens past the cap add
+    # no gradient, where k3's ``1 - exp(ref - logp)`` grows without bound (docs/results.md, session 22).
+    return _k3(log_ratio.clamp(-20.0, 20.0)).clamp(max=10.0)
+
+
+_KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3, "k3_clamp": _k3_clamp}
 
 
 def _check_kl_kind(kind: str) -> None:
@@ -218,7 +224,8 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: KLKind = "k3") -> Tensor:
     """Per-token estimate of ``KL(pi || ref)`` from tokens sampled from pi.
 
     k1 ``logp - ref`` (unbiased, high variance, can be negative); k2 ``0.5 * (logp - ref)^2``;
-    k3 ``exp(ref - logp) - (ref - logp) - 1`` (unbiased, non-negative). All are 0 where
+    k3 ``exp(ref - logp) - (ref - logp) - 1`` (unbiased, non-negative); k3_clamp k3 capped at 10
+    (bounded gradient; biased where the policy is far below the reference). All are 0 where
     ``logp == ref``.
 
     Args:

@@ -116,7 +116,7 @@ class System2ActorCritic(AgentModule):
         buffer_seed: str | None = None,
         keep_failures: float = 0.1,
         rows_per_epoch: int | None = 256,
-        kl_estimator: Literal["vocab", "k1", "k2", "k3"] = "vocab",
+        kl_estimator: Literal["vocab", "k1", "k2", "k3", "k3_clamp"] = "vocab",
         critic_warmup_steps: int = 0,
         weight_decay: float = 0.0,
     ) -> None:

@@ -88,7 +88,7 @@ class GRPOPolicy(AgentModule):
         drop_zero_signal: bool = True,
         turn_credit: float = 0.0,
         error_baseline: bool = False,
-        kl_estimator: Literal["k1", "k2", "k3"] = "k3",
+        kl_estimator: Literal["k1", "k2", "k3", "k3_clamp"] = "k3",
         temperature: float | None = None,
         max_row_tokens: int | None = None,
         lr: float = 1e-5,
