@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from lit_agents.algorithms.advantages import group_stats
 from lit_agents.algorithms.collate import Batch, Row, transition_rows
 from lit_agents.algorithms.losses import (
+    KLKind,
     awac_weights,
     expectile_loss,
     kl_estimate,
@@ -88,7 +89,7 @@ class System2ActorCritic(AgentModule):
         kl_estimator: the KL toward ``executor_offline`` (online). ``"vocab"``: the exact KL over
             the vocabulary at every action-token position of the buffer rows
             (`losses.token_vocab_kl`), the only one of these whose gradient anchors off-policy
-            rows. ``"k1"/"k2"/"k3"``: sampled-token estimators on the buffer's tokens (cheaper;
+            rows. ``"k1"/"k2"/"k3"/"k3_clamp"``: sampled-token estimators on the buffer's tokens (cheaper;
             k1, the paper's, has the gradient ``grad logp`` there, whatever the reference).
         critic_warmup_steps: optimizer steps that train the critic only (the actor waits for a
             critic that knows something).
@@ -116,7 +117,7 @@ class System2ActorCritic(AgentModule):
         buffer_seed: str | None = None,
         keep_failures: float = 0.1,
         rows_per_epoch: int | None = 256,
-        kl_estimator: Literal["vocab", "k1", "k2", "k3", "k3_clamp"] = "vocab",
+        kl_estimator: Literal["vocab", KLKind] = "vocab",
         critic_warmup_steps: int = 0,
         weight_decay: float = 0.0,
     ) -> None:

@@ -30,7 +30,7 @@ from lit_agents.algorithms.advantages import (
     turn_credit,
 )
 from lit_agents.algorithms.collate import Batch, Row, session_rows
-from lit_agents.algorithms.losses import LossOutput, cispo_loss, kl_loss, ppo_clip_loss
+from lit_agents.algorithms.losses import KLKind, LossOutput, cispo_loss, kl_loss, ppo_clip_loss
 from lit_agents.modules.base import AgentModule, import_callable
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Rollout
@@ -88,7 +88,7 @@ class GRPOPolicy(AgentModule):
         drop_zero_signal: bool = True,
         turn_credit: float = 0.0,
         error_baseline: bool = False,
-        kl_estimator: Literal["k1", "k2", "k3", "k3_clamp"] = "k3",
+        kl_estimator: KLKind = "k3",
         temperature: float | None = None,
         max_row_tokens: int | None = None,
         lr: float = 1e-5,
