@@ -77,6 +77,30 @@ def test_transitions_mark_each_rows_last_action_terminal(tiny_config, textcraft)
     assert batch["input_ids"][0, end].item() == policy.chat.end_id
 
 
+def _two_one_step_episodes():
+    """Two one-step episodes from the same 5-token prompt: the first action earns 1, the other 0."""
+    prompt = [5, 6, 7, 8, 9]
+    return {
+        "input_ids": torch.tensor([prompt + [20, 21], prompt + [30, 31]]),
+        "attention_mask": torch.ones(2, 7, dtype=torch.long),
+        "action_mask": torch.tensor([[0] * 5 + [1, 1]] * 2),
+        "meta": [{"spans": [(5, 7)], "rewards": [1.0], "dones": [1.0]},
+                 {"spans": [(5, 7)], "rewards": [0.0], "dones": [1.0]}],
+    }
+
+
+def _fit_critic(module, batch, steps=400):
+    """Critic steps alone on one batch (targets by Polyak); returns the last step's statistics."""
+    opt = torch.optim.Adam([*module.q.parameters(), *module.v.parameters()], lr=1e-2)
+    for _ in range(steps):
+        critic_loss, _, stats = module._losses(Batch(batch))
+        opt.zero_grad()
+        critic_loss.backward()
+        opt.step()
+        module._polyak()
+    return stats
+
+
 def test_v_reads_the_state_so_q_minus_v_ranks_actions_from_it(tiny_config):
     """Two one-step episodes from the same prompt: the action of the first earns 1, the other's 0.
     V sees only the state (the same for both), so it learns the state's expectile and Q - V is
@@ -85,28 +109,42 @@ def test_v_reads_the_state_so_q_minus_v_ranks_actions_from_it(tiny_config):
     torch.manual_seed(0)
     policy = AgentPolicy(tiny=tiny_config, roles=["executor"], lora_r=4)
     module = System2ActorCritic(policy, head_width=16, tau=0.2, kappa=0.7, critic_lr=1e-2)
-    prompt = [5, 6, 7, 8, 9]
-    batch = {
-        "input_ids": torch.tensor([prompt + [20, 21], prompt + [30, 31]]),
-        "attention_mask": torch.ones(2, 7, dtype=torch.long),
-        "meta": [{"spans": [(5, 7)], "rewards": [1.0], "dones": [1.0]},
-                 {"spans": [(5, 7)], "rewards": [0.0], "dones": [1.0]}],
-    }
+    batch = _two_one_step_episodes()
     with torch.no_grad():
         t = module._transitions(batch)
     assert torch.equal(t["s"][0], t["s"][1]) and not torch.equal(t["h"][0], t["h"][1])
-    opt = torch.optim.Adam([*module.q.parameters(), *module.v.parameters()], lr=1e-2)
-    for _ in range(400):
-        critic_loss, _, _ = module._losses(Batch(batch))
-        opt.zero_grad()
-        critic_loss.backward()
-        opt.step()
-        module._polyak()
+    _fit_critic(module, batch)
     with torch.no_grad():
         v, q = module.v(t["s"].detach()), module.q(t["h"].detach())
     assert v[0].item() == pytest.approx(v[1].item()) and v[0].item() == pytest.approx(0.7, abs=0.1)
     adv = q - v
     assert adv[0] > 0.15 and adv[1] < -0.4
+
+
+class _Recording(System2ActorCritic):
+    def actor_weights(self, advantages, episodes):
+        self.seen = advantages
+        return super().actor_weights(advantages, episodes)
+
+
+@pytest.mark.parametrize("baseline", ["episode_mean", "v"])
+def test_online_v_baseline_ranks_one_action_episodes_the_episode_mean_cannot(tiny_config, baseline):
+    """Online, two one-step buffer episodes from the same state, rewards 1 and 0. The paper's
+    baseline (the episode's mean Q_target) is the action's own Q_target here, so every advantage
+    is 0; a V head kept online (`online_baseline="v"`) learns the state's value and ranks the two."""
+    torch.manual_seed(0)
+    policy = AgentPolicy(tiny=tiny_config, roles=["executor"], lora_r=4)
+    module = _Recording(policy, phase="online", online_baseline=baseline, head_width=16, tau=0.2, critic_lr=1e-2)
+    v_before = [p.clone() for p in module.v.parameters()]
+    stats = _fit_critic(module, _two_one_step_episodes())
+    v_moved = any(not torch.equal(a, b) for a, b in zip(v_before, module.v.parameters()))
+    adv = module.seen
+    if baseline == "episode_mean":
+        assert not v_moved and "v_loss" not in stats
+        assert adv.abs().max().item() == 0.0
+    else:
+        assert v_moved and "v_loss" in stats
+        assert adv[0] > 0.15 and adv[1] < -0.4
 
 
 def test_online_kl_to_offline_executor_is_zero_at_first_step(tiny_config, textcraft, tmp_path):

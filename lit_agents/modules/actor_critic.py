@@ -79,6 +79,10 @@ class System2ActorCritic(AgentModule):
         kappa: expectile of V (offline).
         lam, beta: policy-anchored weights ``lam * relu(A) + min(exp(beta * A), clip)`` (offline).
         alpha: AWAC temperature (online).
+        online_baseline: what the online advantage subtracts from ``Q_target(h_t)``.
+            ``"episode_mean"``: the mean ``Q_target`` over the action's episode (the paper's).
+            ``"v"``: ``V(s_t)``, a V head kept online (trained by expectile regression toward
+            ``Q_target`` as offline), a baseline of the state alone **[choice]**.
         weight_clip: cap of the actor weights.
         head_width: hidden width of the heads.
         buffer_capacity: replay buffer size in executor episodes (online).
@@ -111,6 +115,7 @@ class System2ActorCritic(AgentModule):
         lam: float = 7.0,
         beta: float = 10.0,
         alpha: float = 1.0,
+        online_baseline: Literal["episode_mean", "v"] = "episode_mean",
         weight_clip: float = 20.0,
         head_width: int = 256,
         buffer_capacity: int = 2000,
@@ -124,6 +129,8 @@ class System2ActorCritic(AgentModule):
         super().__init__(policy, lr=lr, weight_decay=weight_decay)
         if phase not in ("offline", "online"):
             raise ValueError(f"phase must be 'offline' or 'online', got {phase!r}")
+        if online_baseline not in ("episode_mean", "v"):
+            raise ValueError(f"online_baseline must be 'episode_mean' or 'v', got {online_baseline!r}")
         if role not in policy.roles:
             raise ValueError(f"System2ActorCritic trains adapter {role!r}, not a role of the policy: {policy.roles}")
         self.automatic_optimization = False
@@ -189,7 +196,8 @@ class System2ActorCritic(AgentModule):
 
         Args:
             advantages: ``[N]`` detached, one per action of the batch: ``Q - V`` offline,
-                ``Q_target`` minus its episode's mean ``Q_target`` online.
+                ``Q_target`` minus its episode's mean ``Q_target`` (or ``V``, see
+                ``online_baseline``) online.
             episodes: ``[N]`` the batch row (one executor subgoal episode) of each action.
 
         Returns:
@@ -276,14 +284,17 @@ class System2ActorCritic(AgentModule):
         q = self.q(h)
         q_loss = (q - y).square().mean()
         stats = {"q_loss": q_loss.detach(), "q_mean": q.detach().mean(), "td_target": y.mean()}
-        if self.phase == "offline":
+        critic_loss = q_loss
+        if self.phase == "offline" or hp.online_baseline == "v":
             v = self.v(s)
             v_loss = expectile_loss(q_target - v, hp.kappa)
             critic_loss = q_loss + v_loss
-            adv = (q - v).detach()
             stats["v_loss"] = v_loss.detach()
+        if self.phase == "offline":
+            adv = (q - v).detach()
+        elif hp.online_baseline == "v":
+            adv = q_target - v.detach()
         else:
-            critic_loss = q_loss
             adv = q_target - group_stats(q_target, t["episodes"]).mean.to(q_target.dtype)
         weights = self.actor_weights(adv, t["episodes"])
         actor_loss = -(weights * t["logp"]).mean()
