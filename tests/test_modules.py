@@ -392,6 +392,30 @@ def test_rollout_data_refuses_a_configured_accumulation(tiny_config, textcraft, 
         trainer.fit(module, datamodule=data)
 
 
+def test_rollout_chunk_bounds_the_episodes_played_at_once(tiny_config, textcraft, tmp_path):
+    """`rollout_chunk` plays an epoch's tasks a few at a time (the rollout's memory is the live
+    episodes' KV caches): every task still gets its G attempts, with unique group ids, and no call
+    holds more than chunk x G episodes."""
+    calls = []
+
+    class Recording(ReActAgent):
+        def run(self, policy, env, tasks, group_size=1, **kw):
+            calls.append((len(tasks), group_size, kw["group_offset"], kw["seed"]))
+            return super().run(policy, env, tasks, group_size, **kw)
+
+    module = GRPOPolicy(AgentPolicy(tiny=tiny_config, lora_r=4))
+    data = RolloutDataModule(textcraft, Recording(max_new_tokens=4, max_steps=1), tasks_per_epoch=5, group_size=2,
+                             rollout_chunk=2, val_tasks=0)
+    _trainer(tmp_path).fit(module, datamodule=data)
+    assert [c[:3] for c in calls] == [(2, 2, 0), (2, 2, 2), (1, 2, 4)]
+    assert len({c[3] for c in calls}) == 3  # each chunk samples from its own seed
+    rollouts = data.last_rollouts
+    assert len(rollouts) == 10 and sorted({r.group_id for r in rollouts}) == [0, 1, 2, 3, 4]
+    assert [r.task_id for r in rollouts[::2]] == [t.task_id for t in data.epoch_tasks(0)]
+    with pytest.raises(ValueError, match="rollout_chunk"):
+        RolloutDataModule(textcraft, rollout_chunk=0)
+
+
 def test_renamed_share_of_demonstrations(tiny_config, textcraft, tmp_path):
     path = tmp_path / "demos.jsonl"
     data = DemonstrationDataModule(textcraft, demos=8, val_tasks=0, path=str(path), renamed=0.5)
