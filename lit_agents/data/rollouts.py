@@ -343,17 +343,24 @@ class RolloutDataModule(AgentDataModule):
                 f"itself; trainer.accumulate_grad_batches={accumulate} would split its steps. Leave it at 1 and set "
                 f"data.mini_batches (optimizer steps per pass) and data.max_tokens_per_batch (micro-batch size)")
 
+    def play_epoch(self, epoch: int, policy: AgentPolicy | None = None,
+                   trainer: Trainer | None = None) -> list[Rollout]:
+        """This rank's sampled rollouts of ``epoch``: G attempts at each of its tasks,
+        ``rollout_chunk`` tasks at a time (see `play` for ``policy`` and ``trainer``)."""
+        tasks = self.epoch_tasks(epoch)
+        offset = self.world[0] * self.tasks_per_epoch
+        chunk = self.rollout_chunk or max(len(tasks), 1)
+        rollouts: list[Rollout] = []
+        for k, start in enumerate(range(0, len(tasks), chunk)):  # chunk 0 keeps the one-call seed
+            rollouts += self.play(tasks[start : start + chunk], self.group_size, greedy=False, seed=epoch + (k << 24),
+                                  group_offset=offset + start, policy=policy, trainer=trainer)
+        return rollouts
+
     def train_dataloader(self) -> DataLoader:
         module = self.trainer.lightning_module
         epoch = self.trainer.current_epoch
-        tasks = self.epoch_tasks(epoch)
-        offset = self.world[0] * self.tasks_per_epoch
         started = time.perf_counter()
-        chunk = self.rollout_chunk or max(len(tasks), 1)
-        rollouts = []
-        for k, start in enumerate(range(0, len(tasks), chunk)):  # chunk 0 keeps the one-call seed
-            rollouts += self.play(tasks[start : start + chunk], self.group_size, greedy=False,
-                                  seed=epoch + (k << 24), group_offset=offset + start)
+        rollouts = self.play_epoch(epoch)
         self.last_rollouts, self.last_rollout_seconds = rollouts, time.perf_counter() - started
         rows = module.rollouts_to_rows(rollouts)
         record_advantages(rollouts, rows)  # the saved rollouts show what each session was trained with
