@@ -275,8 +275,9 @@ class RolloutDataModule(AgentDataModule):
         rollout_chunk: tasks played at once in an epoch's rollout (with their G attempts each);
             ``None`` = all of the epoch's tasks in one call. Every live episode holds its KV
             cache, so this bounds the rollout's memory (on a CPU the SmolLM2 quick start's
-            16 x 8 episodes peak at 13.5 GB in one call). Each chunk samples from its own seed:
-            the same distribution, other draws than one call.
+            16 x 8 episodes take 9.8 GB above the model in one call, 4.7 GB in chunks of 8:
+            docs/performance.md). Each chunk samples from its own seed: the same distribution,
+            other draws than one call.
         packing: put rows end to end in packs instead of padding them (`collate.packs_by_tokens`):
             no compute on padding, attention kept within each row. Fastest with flash attention
             (varlen); with sdpa/eager attention spans whole packs, and on CPU length-sorted padding

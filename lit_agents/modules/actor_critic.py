@@ -284,17 +284,15 @@ class System2ActorCritic(AgentModule):
         q = self.q(h)
         q_loss = (q - y).square().mean()
         stats = {"q_loss": q_loss.detach(), "q_mean": q.detach().mean(), "td_target": y.mean()}
-        critic_loss = q_loss
         if self.phase == "offline" or hp.online_baseline == "v":
             v = self.v(s)
             v_loss = expectile_loss(q_target - v, hp.kappa)
             critic_loss = q_loss + v_loss
             stats["v_loss"] = v_loss.detach()
-        if self.phase == "offline":
-            adv = (q - v).detach()
-        elif hp.online_baseline == "v":
-            adv = q_target - v.detach()
+            # offline: the live Q (the paper's); online: the target Q, as the episode-mean baseline uses
+            adv = (q.detach() if self.phase == "offline" else q_target) - v.detach()
         else:
+            critic_loss = q_loss
             adv = q_target - group_stats(q_target, t["episodes"]).mean.to(q_target.dtype)
         weights = self.actor_weights(adv, t["episodes"])
         actor_loss = -(weights * t["logp"]).mean()
