@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lit_agents.algorithms.collate import MIN_SHARED_PREFIX, PrefixPlan, shared_prefix_plan
 from lit_agents.algorithms.losses import token_logprobs, token_logprobs_and_entropy
@@ -185,6 +185,18 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
 
 
+
+def _enable_checkpointing(model: PreTrainedModel) -> None:
+    """Activation checkpointing, non-reentrant (LoRA's frozen inputs need it), under the name the
+    installed transformers has: ``activation_checkpointing_enable`` from 5.x, whose old name
+    ``gradient_checkpointing_enable`` warns and goes in v6."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 class AgentPolicy(nn.Module):
     """A causal LM with a chat format and named LoRA roles.
 
@@ -261,7 +273,7 @@ class AgentPolicy(nn.Module):
             base = _merged(base, merge_adapter, load_in_4bit)
         self.gradient_checkpointing = gradient_checkpointing
         if gradient_checkpointing:
-            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            _enable_checkpointing(base)
         self.compiled = compile
         self.share_prefix = share_prefix
         if compile:

@@ -359,3 +359,25 @@ def test_shared_prefixes_give_the_same_logprobs_and_gradients(arch, tiny_folder,
         assert policy._shared_prefix_plan(batch["input_ids"], batch["attention_mask"], batch["action_mask"])
     with_dropout = AgentPolicy(folder, lora_r=4, lora_dropout=0.1).train()
     assert with_dropout._shared_prefix_plan(batch["input_ids"], batch["attention_mask"], batch["action_mask"]) is None
+
+
+def test_gradient_checkpointing_gives_the_same_gradients_without_the_deprecated_call(tiny_config, recwarn):
+    """``gradient_checkpointing=True`` recomputes activations (the model says it checkpoints) and
+    changes no number; it calls transformers' current name, not the one removed in v6."""
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 0, 0]])
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    results = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        policy = AgentPolicy(tiny=tiny_config, lora_r=4, lora_dropout=0.0, gradient_checkpointing=checkpointing)
+        base = policy.model.get_base_model() if isinstance(policy.model, PeftModel) else policy.model
+        flag = next(f for f in ("is_activation_checkpointing", "is_gradient_checkpointing") if hasattr(base, f))
+        assert getattr(base, flag) is checkpointing
+        logp = policy.token_logprobs(ids, mask)
+        (logp * mask).sum().backward()
+        results.append({n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None})
+    plain, checkpointed = results
+    assert plain and plain.keys() == checkpointed.keys()
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, atol=1e-5, rtol=1e-4)
+    assert not any("gradient_checkpointing_enable" in str(w.message) for w in recwarn)
