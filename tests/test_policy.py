@@ -231,23 +231,30 @@ def test_packed_rows_give_the_same_logprobs_as_padded(arch, tiny_folder, tmp_pat
     assert (got[~packed["action_mask"]] == 0).all()
 
 
-def test_compiled_layers_give_the_same_logprobs_and_gradients(tiny_config, tmp_path):
-    """``compile=True`` compiles each decoder layer in place: same numbers, same state-dict keys."""
+def _assert_same_logprobs_and_gradients(tiny_config, **option) -> AgentPolicy:
+    """A LoRA policy built with ``option`` gives the plain policy's log-probs, gradients and
+    state-dict keys; returns it."""
     ids = torch.tensor([[3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 0, 0]])
     mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
     results = []
-    for compile in (False, True):
+    for kwargs in ({}, option):
         torch.manual_seed(0)
-        policy = AgentPolicy(tiny=tiny_config, lora_r=4, lora_dropout=0.0, compile=compile)
+        policy = AgentPolicy(tiny=tiny_config, lora_r=4, lora_dropout=0.0, **kwargs)
         logp = policy.token_logprobs(ids, mask)
         (logp * mask).sum().backward()
         grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
         results.append((logp.detach(), grads, set(policy.state_dict())))
-    (plain, plain_grads, plain_keys), (compiled, compiled_grads, compiled_keys) = results
-    torch.testing.assert_close(compiled, plain, atol=1e-5, rtol=1e-4)
-    assert compiled_keys == plain_keys and compiled_grads.keys() == plain_grads.keys() and plain_grads
+    (plain, plain_grads, plain_keys), (other, other_grads, other_keys) = results
+    torch.testing.assert_close(other, plain, atol=1e-5, rtol=1e-4)
+    assert other_keys == plain_keys and other_grads.keys() == plain_grads.keys() and plain_grads
     for name, grad in plain_grads.items():
-        torch.testing.assert_close(compiled_grads[name], grad, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(other_grads[name], grad, atol=1e-5, rtol=1e-4)
+    return policy
+
+
+def test_compiled_layers_give_the_same_logprobs_and_gradients(tiny_config):
+    """``compile=True`` compiles each decoder layer in place: same numbers, same state-dict keys."""
+    _assert_same_logprobs_and_gradients(tiny_config, compile=True)
 
 
 def test_rollouts_run_compiled_layers_uncompiled(tiny_config):
@@ -364,20 +371,8 @@ def test_shared_prefixes_give_the_same_logprobs_and_gradients(arch, tiny_folder,
 def test_gradient_checkpointing_gives_the_same_gradients_without_the_deprecated_call(tiny_config, recwarn):
     """``gradient_checkpointing=True`` recomputes activations (the model says it checkpoints) and
     changes no number; it calls transformers' current name, not the one removed in v6."""
-    ids = torch.tensor([[3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 0, 0]])
-    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
-    results = []
-    for checkpointing in (False, True):
-        torch.manual_seed(0)
-        policy = AgentPolicy(tiny=tiny_config, lora_r=4, lora_dropout=0.0, gradient_checkpointing=checkpointing)
-        base = policy.model.get_base_model() if isinstance(policy.model, PeftModel) else policy.model
-        flag = next(f for f in ("is_activation_checkpointing", "is_gradient_checkpointing") if hasattr(base, f))
-        assert getattr(base, flag) is checkpointing
-        logp = policy.token_logprobs(ids, mask)
-        (logp * mask).sum().backward()
-        results.append({n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None})
-    plain, checkpointed = results
-    assert plain and plain.keys() == checkpointed.keys()
-    for name, grad in plain.items():
-        torch.testing.assert_close(checkpointed[name], grad, atol=1e-5, rtol=1e-4)
+    policy = _assert_same_logprobs_and_gradients(tiny_config, gradient_checkpointing=True)
+    base = policy.model.get_base_model() if isinstance(policy.model, PeftModel) else policy.model
+    flag = next(f for f in ("is_activation_checkpointing", "is_gradient_checkpointing") if hasattr(base, f))
+    assert getattr(base, flag)
     assert not any("gradient_checkpointing_enable" in str(w.message) for w in recwarn)
