@@ -185,11 +185,10 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
 
 
-
 def _enable_checkpointing(model: PreTrainedModel) -> None:
     """Activation checkpointing, non-reentrant (LoRA's frozen inputs need it), under the name the
-    installed transformers has: ``activation_checkpointing_enable`` from 5.x, whose old name
-    ``gradient_checkpointing_enable`` warns and goes in v6."""
+    installed transformers has: ``activation_checkpointing_enable`` where it exists (5.24 has it),
+    else ``gradient_checkpointing_enable``, which newer releases deprecate and v6 removes."""
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
