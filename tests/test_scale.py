@@ -100,7 +100,9 @@ def _adapter(save_dir: Path) -> dict:
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     """SIGKILL a run during its third epoch, resume it with `--ckpt_path last`: it continues in
     the same log folder from the last epoch's checkpoint (written atomically) and ends with the
-    same adapter weights as a run that was never interrupted."""
+    same adapter weights and the same saved rollouts as a run that was never interrupted: no
+    epoch is played twice (Lightning asks for the finished epoch's loader first) and a file the
+    killed run left half-written is replaced."""
     import time
 
     whole = run_script(_fit_args(tmp_path / "whole"), cwd=tmp_path)
@@ -127,6 +129,14 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     for name in want:
         assert torch.equal(want[name], got[name]), name
     assert any("lora_B" in name and want[name].abs().sum() > 0 for name in want)  # it did train
+    rollouts = {name: sorted((name / "quickstart_rl" / "version_0" / "rollouts").glob("train-*.jsonl"))
+                for name in (tmp_path / "whole", killed_dir)}
+    assert [f.name for f in rollouts[killed_dir]] == [f.name for f in rollouts[tmp_path / "whole"]]
+    assert len(rollouts[killed_dir]) == 4
+    for whole_file, resumed_file in zip(rollouts[tmp_path / "whole"], rollouts[killed_dir]):
+        lines = resumed_file.read_text().splitlines()
+        assert len(lines) == 8, resumed_file.name  # 4 tasks x 2 attempts, once
+        assert list(map(json.loads, lines)) == list(map(json.loads, whole_file.read_text().splitlines()))
 
 
 def test_corrupt_and_mismatched_checkpoints_name_the_file(tmp_path, monkeypatch):

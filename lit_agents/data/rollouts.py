@@ -147,6 +147,7 @@ class AgentDataModule(LightningDataModule):
         #: the last epoch's training rollouts and the seconds they took to play (online RL)
         self.last_rollouts: list[Rollout] = []
         self.last_rollout_seconds = 0.0
+        self._written: set[Path] = set()  # rollout files this process has written to
 
     def setup(self, stage: str) -> None:
         """Connect to the module this data feeds (`AgentModule.connect_data`)."""
@@ -200,7 +201,10 @@ class AgentDataModule(LightningDataModule):
         folder = Path(self.trainer.log_dir) / "rollouts"
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{split}-epoch{self.trainer.current_epoch:04d}-rank{self.world[0]}.jsonl"
-        with path.open("a") as f:
+        # an epoch's first write in this process replaces what a killed run left there (a resume
+        # plays that epoch again); its later chunks (validation) append
+        with path.open("a" if path in self._written else "w") as f:
+            self._written.add(path)
             for rollout in rollouts:
                 f.write(json.dumps(rollout.to_dict()) + "\n")
 
@@ -359,6 +363,12 @@ class RolloutDataModule(AgentDataModule):
 
     def train_dataloader(self) -> DataLoader:
         module = self.trainer.lightning_module
+        progress = self.trainer.fit_loop.epoch_progress.current
+        if progress.processed > progress.completed:
+            # resuming from a checkpoint written at an epoch's end: Lightning asks for a loader
+            # under the finished epoch's number, then again for the next epoch; playing the
+            # first would redo a whole epoch of rollouts only to throw them away
+            return DataLoader(_Batches([[]], module.policy.pad_id), batch_size=None)
         epoch = self.trainer.current_epoch
         started = time.perf_counter()
         rollouts = self.play_epoch(epoch)
