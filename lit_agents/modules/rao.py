@@ -47,7 +47,8 @@ class RAOPolicy(GRPOPolicy):
         drop_zero_signal: leave out the nodes whose advantage is exactly 0 (every tree of a
             group failed, and the node and its children too): they add nothing to the gradient
             but their tokens count in the step's token mean, so when most trees fail they shrink
-            every step. Off by default (the paper keeps them; not yet measured here).
+            every step. Off by default (the paper keeps them; on one seed it made steps larger
+            and ended lower: docs/results.md).
         **kwargs: see `GRPOPolicy`.
     """
 
