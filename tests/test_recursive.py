@@ -155,6 +155,64 @@ def test_rao_policy_node_advantages_by_hand(policy):
     assert len(kept) == 3 and all(any(x != 0 for x in row.advantages) for row in kept)
 
 
+def _credit_trees():
+    """Group 0: A (root ok; children ok, failed), B (root failed; child ok), C (a lone failed
+    root); group 1: D (root ok; child failed), alone in its group."""
+    from lit_agents.types import Rollout, Session
+
+    def node(sid, parent, depth, ok):
+        call = Call([1, 2], [3, 4], [-0.1, -0.1])
+        return Session(sid, "main" if parent is None else "subagent", parent, depth, [call], success=ok)
+
+    return [Rollout("t", 0, [node(0, None, 0, True), node(1, 0, 1, True), node(2, 0, 1, False)], 1.0, True),
+            Rollout("t", 0, [node(0, None, 0, False), node(1, 0, 1, True)], 0.0, False),
+            Rollout("t", 0, [node(0, None, 0, False)], 0.0, False),
+            Rollout("u", 1, [node(0, None, 0, True), node(1, 0, 1, False)], 1.0, True)]
+
+
+def test_rao_depth_baseline_compares_subagents_with_subagents(policy):
+    """``baseline="depth"``: roots keep the leave-one-out root baseline; a subagent is compared
+    with the group's other subagents at its depth; a node alone at its depth gets 0."""
+    from lit_agents.modules import RAOPolicy
+
+    trees = _credit_trees()
+    # R: A 1.2 / 1 / 0, B 0.4 / 1, C 0, D 1.0 / 0; root baselines (leave-one-out): A 0.2, B 0.6, C 0.8
+    by_root = RAOPolicy(policy, lam=0.4, depth_weighting=False).node_advantages(trees)
+    assert by_root[0] == pytest.approx([1.0, 0.8, -0.2]) and by_root[1] == pytest.approx([-0.2, 0.4])
+    by_depth = RAOPolicy(policy, lam=0.4, depth_weighting=False, baseline="depth").node_advantages(trees)
+    # depth-1 pool of group 0: A1 = 1, A2 = 0, B1 = 1 -> baselines 0.5, 1.0, 0.5
+    assert by_depth[0] == pytest.approx([1.0, 0.5, -1.0]) and by_depth[1] == pytest.approx([-0.2, 0.5])
+    assert by_depth[2] == by_root[2] == pytest.approx([-0.8]) and by_depth[3] == pytest.approx([0.0, 0.0])
+    with pytest.raises(ValueError, match="baseline"):
+        RAOPolicy(policy, baseline="tree")
+
+
+def test_rao_credit_benchmark_reads_saved_rollouts(tmp_path, capsys):
+    """`benchmarks/rao_credit.py` on a run folder: per depth, success and the credit under both
+    baselines, the run's lam read from hparams.yaml; one file per epoch (group ids restart)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "rao_credit.py"
+    spec = importlib.util.spec_from_file_location("rao_credit", path)
+    rao_credit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rao_credit)
+    (tmp_path / "rollouts").mkdir()
+    (tmp_path / "hparams.yaml").write_text("lam: 0.4\npropagate_root: false\n")
+    lines = "\n".join(json.dumps(t.to_dict()) for t in _credit_trees()[:3])  # group 0
+    for epoch in (0, 1):  # the same trees twice: the shares are those of one epoch
+        (tmp_path / "rollouts" / f"train-epoch{epoch:04d}-rank0.jsonl").write_text(lines + "\n")
+    out = rao_credit.main([str(tmp_path)])
+    sub_root, sub_depth = out["root"][1], out["depth"][1]
+    assert sub_root["nodes"] == sub_depth["nodes"] == 6 and sub_root["success"] == pytest.approx(200 / 3)
+    # depth 1 under "root": A1 0.8, A2 -0.2, B1 0.4; under "depth": 0.5, -1, 0.5
+    assert sub_root["mean_adv"] == pytest.approx(1 / 3) and sub_depth["mean_adv"] == pytest.approx(0.0)
+    assert out["root"][0] == out["depth"][0] and "baseline=depth" in capsys.readouterr().out
+    (tmp_path / "hparams.yaml").write_text("lam: 0.0\n")  # R: A 1 / 1 / 0, B 0 / 1, C 0 -> 1, 0, 0.5
+    assert rao_credit.main([str(tmp_path)])["root"][1]["mean_adv"] == pytest.approx(0.5)
+
+
 @pytest.mark.parametrize("difficulty", ["easy", "medium", "hard"])
 def test_expert_trees_delegate_and_deepen_with_difficulty(policy, difficulty):
     """The recursive expert's trees (code run in the sandboxes) solve their tasks, every child

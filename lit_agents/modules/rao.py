@@ -6,7 +6,8 @@ of each session is the node's own verified success. Per node X of tree i:
 - ``R(X) = s(X) + lam * mean_{c in children(X)} s(c)`` (`advantages.rao_node_rewards`; with
   ``propagate_root`` every node gets the root's success instead);
 - ``A(X) = R(X) - b_i`` with the leave-one-out baseline over the group's root rewards
-  (`advantages.loo_baseline`), no std normalisation;
+  (`advantages.loo_baseline`), no std normalisation; with ``baseline="depth"`` a node below the
+  root is compared with the group's other nodes at its depth instead;
 - ``A'(X) = w_depth(X) * A(X)``, inverse-frequency depth weights over the batch (mean 1 over
   rows, `advantages.depth_weights`), or none.
 
@@ -43,6 +44,12 @@ class RAOPolicy(GRPOPolicy):
         lam: delegation bonus weight.
         propagate_root: every node's reward is the root's success.
         depth_weighting: inverse-frequency depth weights.
+        baseline: what a node's reward is compared with. ``"root"`` (the paper's): the
+            leave-one-out mean of the group's root rewards, for every node of the tree.
+            ``"depth"``: roots as before; a node at depth d >= 1 against the leave-one-out mean
+            reward of the group's other depth-d nodes (advantage 0 when it is the only one).
+            Subagents succeed far more often than roots, so against the root baseline most
+            subagent tokens are pushed up whatever the root did (docs/results.md, RAO).
         loss: ``"cispo"`` (default) or ``"ppo"``.
         drop_zero_signal: leave out the nodes whose advantage is exactly 0 (every tree of a
             group failed, and the node and its children too): they add nothing to the gradient
@@ -53,51 +60,28 @@ class RAOPolicy(GRPOPolicy):
     """
 
     def __init__(self, policy: AgentPolicy, lam: float = 0.4, propagate_root: bool = False,
-                 depth_weighting: bool = True, loss: Literal["cispo", "ppo"] = "cispo", drop_zero_signal: bool = False,
-                 **kwargs: Any) -> None:
+                 depth_weighting: bool = True, baseline: Literal["root", "depth"] = "root",
+                 loss: Literal["cispo", "ppo"] = "cispo", drop_zero_signal: bool = False, **kwargs: Any) -> None:
+        if baseline not in ("root", "depth"):
+            raise ValueError(f"baseline must be 'root' or 'depth', got {baseline!r}")
         super().__init__(policy, loss=loss, drop_zero_signal=drop_zero_signal, **kwargs)
         self.lam, self.propagate_root, self.depth_weighting = lam, propagate_root, depth_weighting
+        self.baseline = baseline
 
     def node_rewards(self, rollouts: list[Rollout]) -> Tensor:
         """The reward ``R(X)`` of every node, the rollouts' sessions one after the other.
         ``[sum of the rollouts' session counts]``. Default: the node's own verified success
-        (``session.success``) plus ``lam`` times its children's mean
-        (`advantages.rao_node_rewards`; the root's success everywhere with ``propagate_root``).
-        Override to shape it (a cost per turn, a bonus for a verified intermediate result): the
-        leave-one-out baseline reads the roots' rewards from it."""
-        success, parent, offset = [], [], 0
-        for r in rollouts:
-            for s in r.sessions:
-                success.append(float(bool(s.success)))
-                parent.append(-1 if s.parent is None else offset + s.parent)
-            offset += len(r.sessions)
-        return rao_node_rewards(torch.tensor(success), torch.tensor(parent), self.lam, self.propagate_root)
+        (``session.success``) plus ``lam`` times its children's mean (`tree_node_rewards`; the
+        root's success everywhere with ``propagate_root``). Override to shape it (a cost per
+        turn, a bonus for a verified intermediate result): the baselines read it."""
+        return tree_node_rewards(rollouts, self.lam, self.propagate_root)
 
     def node_advantages(self, rollouts: list[Rollout]) -> list[list[float]]:
         """One advantage per session (node) of each tree: `node_rewards` minus the group's
-        leave-one-out root baseline, times the depth weights (override for your own node credit)."""
-        if not rollouts:
-            return []
-        depth, tree, roots = [], [], []
-        offset = 0
-        for i, r in enumerate(rollouts):
-            roots.append(offset)
-            for s in r.sessions:
-                depth.append(s.depth)
-                tree.append(i)
-            offset += len(r.sessions)
-        rewards = self.node_rewards(rollouts)
-        root_rewards = rewards[torch.tensor(roots)]
-        baseline = loo_baseline(root_rewards, torch.tensor([r.group_id for r in rollouts]))
-        adv = rewards - baseline[torch.tensor(tree)]
-        if self.depth_weighting:
-            rows = torch.tensor([1 if s.num_generated else 0 for r in rollouts for s in r.sessions])
-            adv = adv * depth_weights(torch.tensor(depth), rows)
-        out, at = [], 0
-        for r in rollouts:
-            out.append(adv[at: at + len(r.sessions)].tolist())
-            at += len(r.sessions)
-        return out
+        leave-one-out baseline (the group's roots, or with ``baseline="depth"`` its nodes at the
+        same depth below the root), times the depth weights (`tree_node_advantages`; override
+        for your own node credit)."""
+        return tree_node_advantages(rollouts, self.node_rewards(rollouts), self.baseline, self.depth_weighting)
 
     def rollouts_to_rows(self, rollouts: list[Rollout]) -> list[Row]:
         rows = session_rows(rollouts, self.node_advantages(rollouts), self.hparams.max_row_tokens)
@@ -105,3 +89,38 @@ class RAOPolicy(GRPOPolicy):
             rows = [row for row in rows if any(a != 0.0 for a in row.advantages)]
         return rows
 
+
+
+def tree_node_rewards(rollouts: list[Rollout], lam: float = 0.4, propagate_root: bool = False) -> Tensor:
+    """``R(X)`` of every node of the trees, their sessions one after the other: own success plus
+    ``lam`` times the children's mean success (`advantages.rao_node_rewards`)."""
+    success, parent, offset = [], [], 0
+    for r in rollouts:
+        for s in r.sessions:
+            success.append(float(bool(s.success)))
+            parent.append(-1 if s.parent is None else offset + s.parent)
+        offset += len(r.sessions)
+    return rao_node_rewards(torch.tensor(success), torch.tensor(parent), lam, propagate_root)
+
+
+def tree_node_advantages(rollouts: list[Rollout], rewards: Tensor, baseline: str = "root",
+                         depth_weighting: bool = True) -> list[list[float]]:
+    """RAO's node credit from the node rewards ``[nodes]`` (`tree_node_rewards`), one list per
+    tree: ``R(X)`` minus the leave-one-out mean of the group's root rewards (``"root"``) or, for a
+    node below the root with ``"depth"``, of the group's other nodes at its depth (0 when it is
+    alone there); times the inverse-frequency depth weights (`advantages.depth_weights`)."""
+    if not rollouts:
+        return []
+    depth = torch.tensor([s.depth for r in rollouts for s in r.sessions])
+    tree = torch.tensor([i for i, r in enumerate(rollouts) for _ in r.sessions])
+    roots = torch.tensor([0] + [len(r.sessions) for r in rollouts[:-1]]).cumsum(0)
+    groups = torch.tensor([r.group_id for r in rollouts])
+    base = loo_baseline(rewards[roots], groups)[tree]
+    if baseline == "depth":  # one leave-one-out pool per (group, depth)
+        same_depth = loo_baseline(rewards, groups[tree] * (int(depth.max()) + 1) + depth)
+        base = torch.where(depth > 0, same_depth, base)
+    adv = rewards - base
+    if depth_weighting:
+        rows = torch.tensor([1 if s.num_generated else 0 for r in rollouts for s in r.sessions])
+        adv = adv * depth_weights(depth, rows)
+    return [chunk.tolist() for chunk in adv.split([len(r.sessions) for r in rollouts])]
