@@ -115,6 +115,19 @@ def test_splits_disjoint_by_target() -> None:
     assert TextCraftSynth(test_fraction=0.0).tasks("test") == []
 
 
+def test_train_targets_restrict_train_and_val_not_test() -> None:
+    full, few = TextCraftSynth(min_depth=2, max_depth=8), TextCraftSynth(min_depth=2, max_depth=8, train_targets=6)
+    targets = {s: {t for task in few.tasks(s) for t in task.meta["targets"]} for s in ("train", "val")}
+    assert len(targets["train"]) == 6 and targets["val"] <= targets["train"]
+    assert targets["train"] < {t for task in full.tasks("train") for t in task.meta["targets"]}
+    assert len(few.tasks("train")) == 1000 and few.tasks("test") == full.tasks("test")
+    kept7 = {t for task in TextCraftSynth(min_depth=2, max_depth=8, train_targets=7).tasks("train")
+             for t in task.meta["targets"]}
+    assert targets["train"] < kept7  # one more target keeps the first six
+    with pytest.raises(ValueError, match="train_targets"):
+        TextCraftSynth(train_targets=0)
+
+
 def test_depth_ranges_and_overrides() -> None:
     for difficulty, (low, high) in DEPTHS.items():
         depths = {t.meta["depth"] for t in TextCraftSynth(difficulty).tasks("train")}

@@ -222,6 +222,10 @@ def goal_text(targets: dict[str, int]) -> str:
     return "craft " + ", ".join(f"{n} {i}" for i, n in targets.items())
 
 
+def _name_hash(item: str) -> bytes:
+    return hashlib.sha256(item.encode()).digest()
+
+
 def inventory_text(inventory: dict[str, int]) -> str:
     """``Inventory: 14 temila, 3 rosani`` (by name) or ``Inventory: empty``."""
     held = ", ".join(f"{n} {i}" for i, n in sorted(inventory.items()))
@@ -246,6 +250,10 @@ class TextCraftSynth(TextEnv):
         world_seed, domains, items_per_tier, tiers, cross_domain: the world (`load_world`).
         test_fraction: fraction of each tier's items that are test-only targets.
         train_tasks: tasks of the train split (seeds 0, 1, ...).
+        train_targets: keep only this many train targets (the lowest SHA-256 of the name) in the
+            ``train`` and ``val`` pools: a few targets that RL practises many times, validated on
+            unseen instances of them (`TextCraft`'s ``train_goals``). None keeps them all; the
+            ``test`` targets are unchanged.
         test_tasks: tasks of each held-out split: ``test`` (unseen targets, seeds 10000, ...) and
             ``val`` (train targets in unseen instances, seeds 20000, ...).
     """
@@ -285,6 +293,7 @@ class TextCraftSynth(TextEnv):
         test_fraction: float = 0.2,
         train_tasks: int = 1000,
         test_tasks: int = 100,
+        train_targets: int | None = None,
     ) -> None:
         if difficulty not in DEPTHS:
             raise ValueError(f"difficulty must be one of {list(DEPTHS)}, got {difficulty!r}")
@@ -301,6 +310,7 @@ class TextCraftSynth(TextEnv):
             and max(test_fraction, cross_domain) <= 1,
             f"train_tasks, test_tasks in [0, {most}]": 0 <= min(train_tasks, test_tasks)
             and max(train_tasks, test_tasks) <= most,
+            "train_targets >= 1 or None": train_targets is None or train_targets >= 1,
         }
         if broken := [rule for rule, ok in rules.items() if not ok]:
             raise ValueError(f"TextCraftSynth needs {'; '.join(broken)}")
@@ -309,7 +319,7 @@ class TextCraftSynth(TextEnv):
         self.buffer, self.extra_raw, self.require_info = buffer, extra_raw, require_info
         self.world_args = (world_seed, domains, items_per_tier, tiers, cross_domain)
         self.test_fraction, self.train_tasks = test_fraction, train_tasks
-        self.test_tasks = test_tasks
+        self.test_tasks, self.train_targets = test_tasks, train_targets
         self.world = load_world(*self.world_args)
         self.max_steps = round(1.5 * self.expert_steps_bound()) if max_steps is None else max_steps
 
@@ -337,7 +347,7 @@ class TextCraftSynth(TextEnv):
         held_out: set[str] = set()
         for tier in range(1, self.world.max_tier + 1):
             items = [i for d in range(self.world.domains) for i in self.world.grid[d, tier]]
-            items.sort(key=lambda i: hashlib.sha256(i.encode()).digest())
+            items.sort(key=_name_hash)
             held_out.update(items[: round(self.test_fraction * len(items))])
         return held_out
 
@@ -347,6 +357,9 @@ class TextCraftSynth(TextEnv):
             raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
         held_out = self.test_items()
         pool = [i for i in self._pool() if (i in held_out) == (split == "test")]
+        if split != "test" and self.train_targets is not None:
+            kept = set(sorted(pool, key=_name_hash)[: self.train_targets])
+            pool = [i for i in pool if i in kept]
         first, count = {
             "train": (0, self.train_tasks),
             "val": (VAL_SEED_OFFSET, self.test_tasks),
