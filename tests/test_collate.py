@@ -21,6 +21,7 @@ from lit_agents.algorithms.collate import (
     record_advantages,
     row_orders,
     segments_row,
+    sequence_mean_rows,
     session_rows,
 )
 from lit_agents.types import Call, Rollout, Session
@@ -320,3 +321,30 @@ def test_rollout_data_module_groups_tasks_only_where_the_policy_shares_prefixes(
     assert [{r.meta["group_id"] for r in b} for b in data.token_batches(rows)] == [{0, 1}, {0, 1}]
     data.trainer = None
     assert data.token_batches(rows) == batches_by_tokens(rows, 4 * 77)
+
+
+def test_sequence_mean_rows_make_the_token_mean_loss_a_mean_of_row_means() -> None:
+    """PPO-clip's token mean over the reweighted rows = the mean over rows of each original row's
+    own token-mean loss (every row weighs alike); over the original rows the long row dominates."""
+    from lit_agents.algorithms.losses import ppo_clip_loss
+
+    def row(n: int, adv: float) -> Row:
+        return Row([1] * (n + 1), [False] + [True] * n, [-1.0] * (n + 1), [0.0] + [adv] * n)
+
+    rows = [row(2, 1.0), row(10, -0.5), row(4, 2.0)]
+    weighted = sequence_mean_rows(rows)
+    mean = (2 + 10 + 4) / 3
+    assert [r.advantages[1] for r in weighted] == pytest.approx([1.0 * mean / 2, -0.5 * mean / 10, 2.0 * mean / 4])
+    assert [r.advantages for r in rows][0] == [0.0, 1.0, 1.0]  # the input rows are not modified
+    torch.manual_seed(0)
+
+    def loss(rs: list[Row], logp: torch.Tensor) -> torch.Tensor:
+        t = collate_rows(rs, pad_id=0)
+        return ppo_clip_loss(logp, t["old_logprobs"], t["advantages"], t["action_mask"]).loss
+
+    logp = -1.0 + 0.5 * torch.randn(3, 11)  # ratios far enough from 1 that some tokens clip
+    per_row = [loss([r], logp[i : i + 1, : r.num_tokens]) for i, r in enumerate(rows)]
+    assert loss(weighted, logp).item() == pytest.approx(torch.stack(per_row).mean().item(), rel=1e-5)
+    assert loss(rows, logp).item() != pytest.approx(torch.stack(per_row).mean().item(), rel=1e-2)
+    empty = Row([1, 2], [False, False], [0.0, 0.0], [0.0, 0.0])
+    assert sequence_mean_rows([empty]) == [empty]  # no trained token: nothing to weigh

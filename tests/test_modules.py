@@ -550,6 +550,28 @@ def test_error_baseline_credits_the_turns_after_a_failed_action(tiny_config):
         module.rollouts_to_rows(rollouts)
 
 
+@pytest.mark.parametrize("module_class", ["GRPOPolicy", "MosaicPolicy", "RAOPolicy"])
+def test_seq_mean_weighs_every_row_alike_in_every_rl_module(tiny_config, module_class):
+    """``loss_agg="seq_mean"``: each row's token advantages are its ``token_mean`` ones times the
+    rows' mean trained tokens over its own (so every row adds the same total weight); the
+    session's recorded advantage is unchanged."""
+    from lit_agents import modules
+
+    cls = getattr(modules, module_class)
+    rollouts = [_played("a", 0, [0.0, 0.5, 1.0], True), _played("a", 0, [0.0, 0.5, 0.5, 0.5, 0.5, 0.5], False)]
+    for r in rollouts:
+        r.sessions[0].success = r.success
+    policy = AgentPolicy(tiny=tiny_config, lora_r=4)
+    token, seq = (cls(policy, loss_agg=agg).rollouts_to_rows(rollouts) for agg in ("token_mean", "seq_mean"))
+    assert [r.num_trained for r in token] == [4, 10]
+    for a, b in zip(token, seq):
+        assert b.advantages == pytest.approx([x * 7 / a.num_trained for x in a.advantages])
+        assert b.meta["advantage"] == a.meta["advantage"]
+    assert sum(abs(x) for x in seq[0].advantages) == pytest.approx(sum(abs(x) for x in seq[1].advantages))
+    with pytest.raises(ValueError, match="loss_agg"):
+        cls(policy, loss_agg="sum")
+
+
 @pytest.mark.parametrize("module_class", ["GRPOPolicy", "MosaicPolicy"])
 def test_saved_advantages_land_on_the_rollouts_trained_after_the_zero_signal_filter(tiny_config, module_class):
     """`record_advantages` writes each row's advantage back into the batch by ``meta["rollout"]``:

@@ -21,7 +21,7 @@ Nothing predicts token 0, so ``action_mask[0]`` is always False.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -37,6 +37,7 @@ __all__ = [
     "session_row",
     "session_rows",
     "record_advantages",
+    "sequence_mean_rows",
     "transition_rows",
     "collate_rows",
     "batches_by_tokens",
@@ -291,6 +292,23 @@ def record_advantages(rollouts: list[Rollout], rows: list[Row]) -> None:
         meta = row.meta
         if {"rollout", "session", "advantage"} <= meta.keys():
             rollouts[meta["rollout"]].sessions[meta["session"]].advantage = meta["advantage"]
+
+
+def sequence_mean_rows(rows: list[Row]) -> list[Row]:
+    """Rows reweighted so that the token-mean loss over them weighs every row alike, whatever its
+    length: each row's advantages times (the rows' mean trained tokens / its trained tokens). Under
+    PPO-clip and CISPO, which are linear in a positive advantage scale, the token mean then equals
+    the mean over rows of each row's own token mean (the sequence mean of the original GRPO, TRL's
+    ``loss_type="grpo"``) when a step holds all of ``rows``, and approximates it for a step that
+    holds part of them. ``meta["advantage"]`` (what the viewer shows) is left as it was; the KL
+    term stays a token mean. Returns new rows."""
+    trained = [row.num_trained for row in rows]
+    counted = [n for n in trained if n]
+    if not counted:
+        return list(rows)
+    mean = sum(counted) / len(counted)
+    return [row if not n else replace(row, advantages=[a * mean / n for a in row.advantages])
+            for row, n in zip(rows, trained)]
 
 
 def transition_rows(rollouts: list[Rollout], role: str) -> list[Row]:

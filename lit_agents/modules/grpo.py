@@ -29,7 +29,7 @@ from lit_agents.algorithms.advantages import (
     grpo_advantages,
     turn_credit,
 )
-from lit_agents.algorithms.collate import Batch, Row, session_rows
+from lit_agents.algorithms.collate import Batch, Row, sequence_mean_rows, session_rows
 from lit_agents.algorithms.losses import KLKind, LossOutput, cispo_loss, kl_loss, ppo_clip_loss
 from lit_agents.modules.base import AgentModule, import_callable
 from lit_agents.policy import AgentPolicy
@@ -70,6 +70,11 @@ class GRPOPolicy(AgentModule):
         temperature: temperature the log-probs are computed at; ``None`` = the data module's
             agent's sampling temperature (they must match for the ratio to start at 1).
         max_row_tokens: truncate longer rows (prefix kept).
+        loss_agg: how a step weighs its rows. ``"token_mean"``: every trained token alike (DAPO's,
+            the default), so a long row (a root node that writes much code, a long session) weighs
+            more than a short one. ``"seq_mean"``: every row alike (the original GRPO's mean of
+            per-sequence means, TRL's ``loss_type="grpo"``), by scaling each row's advantages
+            (`collate.sequence_mean_rows`); the KL term stays a token mean.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         warmup_steps: linear learning-rate warm-up steps.
@@ -91,12 +96,15 @@ class GRPOPolicy(AgentModule):
         kl_estimator: KLKind = "k3",
         temperature: float | None = None,
         max_row_tokens: int | None = None,
+        loss_agg: Literal["token_mean", "seq_mean"] = "token_mean",
         lr: float = 1e-5,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
         lr_schedule: Literal["constant", "cosine"] = "constant",
     ) -> None:
         super().__init__(policy, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, lr_schedule=lr_schedule)
+        if loss_agg not in ("token_mean", "seq_mean"):
+            raise ValueError(f"loss_agg must be 'token_mean' or 'seq_mean', got {loss_agg!r}")
         self.advantage = import_callable(advantage)
         self._loss_fn = {
             "ppo": partial(ppo_clip_loss, eps_low=eps_low, eps_high=eps_high),
@@ -179,6 +187,11 @@ class GRPOPolicy(AgentModule):
             out[i].append(calls)
         return out
 
+    def aggregate_rows(self, rows: list[Row]) -> list[Row]:
+        """The rows as the step's loss should weigh them (``loss_agg``); every ``rollouts_to_rows``
+        returns through it."""
+        return sequence_mean_rows(rows) if self.hparams.loss_agg == "seq_mean" else rows
+
     @staticmethod
     def _group_ids(rollouts: list[Rollout]) -> Tensor:
         return torch.tensor([r.group_id for r in rollouts])
@@ -193,8 +206,9 @@ class GRPOPolicy(AgentModule):
                 spread = torch.tensor([float(any(c != a for s in advs for c in s)) for advs, a
                                        in zip(per_session, advantages.tolist())])
                 keep |= group_has_signal(spread, groups) | (spread > 0)
-            return session_rows(rollouts, per_session, self.hparams.max_row_tokens, keep=keep.tolist())
-        return session_rows(rollouts, per_session, self.hparams.max_row_tokens)
+            return self.aggregate_rows(session_rows(rollouts, per_session, self.hparams.max_row_tokens,
+                                                    keep=keep.tolist()))
+        return self.aggregate_rows(session_rows(rollouts, per_session, self.hparams.max_row_tokens))
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor | None:
         if batch.kind == "pad":  # this rank's step has fewer micro-batches than the longest step
