@@ -77,6 +77,20 @@ def test_transitions_mark_each_rows_last_action_terminal(tiny_config, textcraft)
     assert batch["input_ids"][0, end].item() == policy.chat.end_id
 
 
+def test_step_cost_is_charged_on_every_executor_action(tiny_config, textcraft):
+    policy = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
+    module = System2ActorCritic(policy, head_width=8, step_cost=0.25)
+    rollout = HierarchicalAgent().expert_rollout(policy, textcraft, textcraft.tasks("train")[1])
+    from lit_agents.algorithms.collate import collate_rows
+
+    batch = collate_rows(module.demonstration_rows([rollout]), policy.pad_id, with_meta=True)
+    with torch.no_grad():
+        t = module._transitions(batch)
+    assert t["rewards"].tolist() == [-0.25, -0.25, 0.75, 1.75]  # the paper's [0, 0, 1, 2], each step charged
+    with pytest.raises(ValueError, match="step_cost"):
+        System2ActorCritic(policy, step_cost=-0.1)
+
+
 def _two_one_step_episodes():
     """Two one-step episodes from the same 5-token prompt: the first action earns 1, the other 0."""
     prompt = [5, 6, 7, 8, 9]

@@ -98,6 +98,9 @@ class System2ActorCritic(AgentModule):
         critic_warmup_steps: optimizer steps that train the critic only (the actor waits for a
             critic that knows something).
         weight_decay: AdamW weight decay of the actor.
+        step_cost: subtracted from every executor action's reward, both phases **[choice]**: a
+            wasted step then lowers Q by ``step_cost`` itself, not only by the discount's few
+            hundredths (0 = the paper's rewards).
     """
 
     supports_packing = False  # transitions are read per row from meta spans
@@ -125,8 +128,11 @@ class System2ActorCritic(AgentModule):
         kl_estimator: Literal["vocab", KLKind] = "vocab",
         critic_warmup_steps: int = 0,
         weight_decay: float = 0.0,
+        step_cost: float = 0.0,
     ) -> None:
         super().__init__(policy, lr=lr, weight_decay=weight_decay)
+        if step_cost < 0:
+            raise ValueError(f"step_cost must be >= 0 (a cost), got {step_cost}")
         if phase not in ("offline", "online"):
             raise ValueError(f"phase must be 'offline' or 'online', got {phase!r}")
         if online_baseline not in ("episode_mean", "v"):
@@ -227,7 +233,7 @@ class System2ActorCritic(AgentModule):
                 lps.append(logp[b, start:end].mean())
                 next_index.append(len(rows) if k + 1 < n else len(rows) - 1)  # terminal: itself (masked)
                 episodes.append(b)
-            rewards += meta["rewards"]
+            rewards += [r - self.hparams.step_cost for r in meta["rewards"]]
             dones += [1.0 if k + 1 == n else d for k, d in enumerate(meta["dones"])]  # a row ends its episode
         device = hidden.device
         index = torch.tensor(rows, device=device)
