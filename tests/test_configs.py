@@ -123,6 +123,24 @@ def test_broadcasting_fits_one_short_epoch(tmp_path):
     assert cli.trainer.current_epoch == 1
 
 
+def test_the_smollm2_overlay_fits_a_mosaic_config_from_a_lora_sft(tmp_path, smollm2_folder, smollm2_adapter):
+    """configs/mosaic/smollm2.yaml stacked on a Mosaic config: SmolLM2 with the SFT adapter merged,
+    the quick start's SmolLM2 RL recipe, one short epoch."""
+    mosaic = ROOT / "mosaic"
+    args = ["-c", str(mosaic / "forking_mosaic.yaml"), "-c", str(mosaic / "smollm2.yaml"),
+            "-c", str(mosaic / "broadcast.yaml"),
+            "-c", str(DEBUG / "short.yaml"), "-c", str(DEBUG / "short_rollouts.yaml"),
+            f"--model.init_args.policy.init_args.model={smollm2_folder}",
+            f"--model.init_args.policy.init_args.merge_adapter={smollm2_adapter}",
+            f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}"]
+    cli = AgentsCLI(args=args, run=False)
+    hp = cli.model.hparams
+    assert (hp.kl_estimator, hp.lr, hp.trajectory_term) == ("k3_clamp", 5e-4, False)
+    assert cli.datamodule.agent.temperature == 1.0 and cli.datamodule.rollout_chunk == 8
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.current_epoch == 1 and "val/success" in cli.trainer.callback_metrics
+
+
 def test_library_defaults_live_in_the_cli_not_in_every_config(capsys):
     """One device, clipping at 1 and TensorBoard under runs/ come from `AgentsCLI`; configs name
     their run only, and configs/cpu.yaml forces the CPU."""
