@@ -52,7 +52,7 @@ def gradient(cli, tasks, group: int, seed: int) -> tuple[torch.Tensor, dict]:
     (one token mean over every trained token, as a whole-group step takes it)."""
     module, dm = cli.model, cli.datamodule
     played = rollouts(cli, tasks, group, seed)
-    rows = module.rollouts_to_rows(played)
+    rows = module.training_rows(played)
     params = trainable(module)
     grads = [torch.zeros_like(p) for p in params]
     tokens = sum(r.num_trained for r in rows)

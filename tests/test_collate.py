@@ -335,7 +335,7 @@ def test_sequence_mean_rows_make_the_token_mean_loss_a_mean_of_row_means() -> No
     weighted = sequence_mean_rows(rows)
     mean = (2 + 10 + 4) / 3
     assert [r.advantages[1] for r in weighted] == pytest.approx([1.0 * mean / 2, -0.5 * mean / 10, 2.0 * mean / 4])
-    assert [r.advantages for r in rows][0] == [0.0, 1.0, 1.0]  # the input rows are not modified
+    assert rows[0].advantages == [0.0, 1.0, 1.0]  # the input rows are not modified
     torch.manual_seed(0)
 
     def loss(rs: list[Row], logp: torch.Tensor) -> torch.Tensor:

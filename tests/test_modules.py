@@ -562,7 +562,7 @@ def test_seq_mean_weighs_every_row_alike_in_every_rl_module(tiny_config, module_
     for r in rollouts:
         r.sessions[0].success = r.success
     policy = AgentPolicy(tiny=tiny_config, lora_r=4)
-    token, seq = (cls(policy, loss_agg=agg).rollouts_to_rows(rollouts) for agg in ("token_mean", "seq_mean"))
+    token, seq = (cls(policy, loss_agg=agg).training_rows(rollouts) for agg in ("token_mean", "seq_mean"))
     assert [r.num_trained for r in token] == [4, 10]
     for a, b in zip(token, seq):
         assert b.advantages == pytest.approx([x * 7 / a.num_trained for x in a.advantages])

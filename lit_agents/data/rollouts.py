@@ -373,7 +373,7 @@ class RolloutDataModule(AgentDataModule):
         started = time.perf_counter()
         rollouts = self.play_epoch(epoch)
         self.last_rollouts, self.last_rollout_seconds = rollouts, time.perf_counter() - started
-        rows = module.rollouts_to_rows(rollouts)
+        rows = module.training_rows(rollouts)
         record_advantages(rollouts, rows)  # the saved rollouts show what each session was trained with
         self._write(rollouts, "train")
         rng = random.Random(self.seed * 31 + epoch)

@@ -100,8 +100,13 @@ class AgentModule(LightningModule):
         self.data_module = data
 
     def rollouts_to_rows(self, rollouts: list[Rollout]):
-        """Advantages + collate: called by `RolloutDataModule` with each epoch's rollouts."""
+        """Advantages + collate: each epoch's rollouts as training rows (`training_rows`)."""
         raise NotImplementedError(f"{type(self).__name__} does not train on rollouts")
+
+    def training_rows(self, rollouts: list[Rollout]) -> list[Row]:
+        """What `RolloutDataModule` trains on each epoch: `rollouts_to_rows`, then whatever the
+        module's loss needs of every row whatever its credit (`GRPOPolicy`'s ``loss_agg``)."""
+        return self.rollouts_to_rows(rollouts)
 
     def demonstration_rows(self, rollouts: list[Rollout]) -> list[Row]:
         """Training rows from demonstration rollouts (`DemonstrationDataModule`): every session

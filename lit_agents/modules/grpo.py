@@ -187,9 +187,9 @@ class GRPOPolicy(AgentModule):
             out[i].append(calls)
         return out
 
-    def aggregate_rows(self, rows: list[Row]) -> list[Row]:
-        """The rows as the step's loss should weigh them (``loss_agg``); every ``rollouts_to_rows``
-        returns through it."""
+    def training_rows(self, rollouts: list[Rollout]) -> list[Row]:
+        """`rollouts_to_rows` weighed as ``loss_agg`` says, whichever subclass assigned the credit."""
+        rows = super().training_rows(rollouts)
         return sequence_mean_rows(rows) if self.hparams.loss_agg == "seq_mean" else rows
 
     @staticmethod
@@ -206,9 +206,8 @@ class GRPOPolicy(AgentModule):
                 spread = torch.tensor([float(any(c != a for s in advs for c in s)) for advs, a
                                        in zip(per_session, advantages.tolist())])
                 keep |= group_has_signal(spread, groups) | (spread > 0)
-            return self.aggregate_rows(session_rows(rollouts, per_session, self.hparams.max_row_tokens,
-                                                    keep=keep.tolist()))
-        return self.aggregate_rows(session_rows(rollouts, per_session, self.hparams.max_row_tokens))
+            return session_rows(rollouts, per_session, self.hparams.max_row_tokens, keep=keep.tolist())
+        return session_rows(rollouts, per_session, self.hparams.max_row_tokens)
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor | None:
         if batch.kind == "pad":  # this rank's step has fewer micro-batches than the longest step

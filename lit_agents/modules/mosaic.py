@@ -136,7 +136,7 @@ class MosaicPolicy(GRPOPolicy):
         keep = None
         if self.hparams.drop_zero_signal:  # rollouts whose every advantage is 0 teach nothing
             keep = [any(x != 0.0 for x in _flat(a)) for a in advantages]
-        return self.aggregate_rows(session_rows(rollouts, advantages, self.hparams.max_row_tokens, keep=keep))
+        return session_rows(rollouts, advantages, self.hparams.max_row_tokens, keep=keep)
 
 
 def _flat(advantages: list[float | list[float]]) -> list[float]:

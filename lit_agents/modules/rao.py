@@ -87,7 +87,7 @@ class RAOPolicy(GRPOPolicy):
         rows = session_rows(rollouts, self.node_advantages(rollouts), self.hparams.max_row_tokens)
         if self.hparams.drop_zero_signal:
             rows = [row for row in rows if any(a != 0.0 for a in row.advantages)]
-        return self.aggregate_rows(rows)
+        return rows
 
 
 
