@@ -123,11 +123,28 @@ class AgentsCLI(LightningCLI):
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_on_train_epoch_end": True})
 
     def before_instantiate_classes(self) -> None:
-        config = self.config.get(self.subcommand) if self.subcommand else None
+        config = self.config.get(self.subcommand) if self.subcommand else self.config  # run=False: no subcommand
         if config is None:
             return
+        if self.subcommand in ("fit", None):
+            self._warn_on_a_seed_the_data_ignores(config)
         if self.subcommand == "fit" and config.get("ckpt_path") == "last" and not config["checkpoint"].get("dirpath"):
             self._resume_last_run(config)
+
+    @staticmethod
+    def _warn_on_a_seed_the_data_ignores(config) -> None:
+        """The tasks an epoch draws and the rollouts' sampling seeds come from the data module's own
+        ``seed``, not from ``seed_everything``: a run that changes only the latter replays the other
+        seed's tasks (docs/rl.md, "Seeds")."""
+        seed = config.get("seed_everything")
+        data = getattr(config.get("data"), "init_args", None)
+        data_seed = data.get("seed") if data is not None else None
+        if isinstance(seed, int) and not isinstance(seed, bool) and isinstance(data_seed, int) and seed != data_seed:
+            rank_zero_warn(
+                f"seed_everything={seed} but data.init_args.seed={data_seed}: the tasks each epoch draws and "
+                f"the rollouts' sampling seeds follow data.init_args.seed; for a new seed pass both "
+                f"(--seed_everything={seed} --data.init_args.seed={seed})"
+            )
 
     @staticmethod
     def _resume_last_run(config) -> None:

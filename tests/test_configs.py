@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,15 @@ def test_the_bitsandbytes_cpu_kernel_notice_is_dropped_around_peft_only(caplog):
         bnb.warning(notice, "outside")
     assert [r.getMessage()[:40] for r in caplog.records] == ["another bitsandbytes warning",
                                                              "Failed to load CPU gemm_4bit_forward fro"]
+
+
+def test_a_seed_the_data_module_ignores_is_warned(tmp_path):
+    """`--seed_everything` alone leaves the data module's seed (tasks, sampling seeds) at the
+    config's: the fit says so; passing both is quiet."""
+    args = _short(ROOT / "quickstart_rl.yaml", tmp_path)
+    with pytest.warns(UserWarning, match="data.init_args.seed=0"):
+        AgentsCLI(args=[*args, "--seed_everything=1"], run=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        AgentsCLI(args=[*args, "--seed_everything=1", "--data.init_args.seed=1"], run=False)
+    assert not [w for w in caught if "sampling seeds follow" in str(w.message)]
