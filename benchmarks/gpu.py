@@ -18,7 +18,9 @@ Model: Qwen2-0.5B-shaped (hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864
   the 151,936 vocabulary, chunked against the naive full-logits version.
 
     python benchmarks/gpu.py                                   # H200 defaults
-    python benchmarks/gpu.py --device cpu --layers 2 --hidden 128 --batches 4 --steps 1 --skip-compile  # smoke test
+    # smoke test on a CPU
+    python benchmarks/gpu.py --device cpu --layers 2 --hidden 128 --heads 4 --kv-heads 2 --batches 4 \\
+        --steps 1 --skip-compile
 """
 
 from __future__ import annotations

@@ -18,6 +18,19 @@ def _cache(tmp_path_factory):
     os.environ["LIT_AGENTS_CACHE"] = str(tmp_path_factory.mktemp("lit_agents_cache"))
 
 
+@pytest.fixture(autouse=True)
+def _auto_dtype_is_fp32(monkeypatch):
+    """The suite's policies run on the CPU and its log-prob checks are fp32-tight, but ``dtype="auto"``
+    means bf16 wherever a CUDA GPU is visible: on a GPU machine "auto" would load these CPU models in
+    bf16. Here "auto" is fp32 on every machine; the GPU tests build their models with a set dtype."""
+    import torch
+
+    from lit_agents import policy
+
+    resolve = policy._torch_dtype
+    monkeypatch.setattr(policy, "_torch_dtype", lambda dtype: torch.float32 if dtype == "auto" else resolve(dtype))
+
+
 @pytest.fixture(scope="session")
 def tiny_config():
     from lit_agents.tiny import TinyConfig
