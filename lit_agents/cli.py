@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
@@ -128,6 +129,7 @@ class AgentsCLI(LightningCLI):
             return
         if self.subcommand in ("fit", None):
             self._warn_on_a_seed_the_data_ignores(config)
+        self._keep_fp32_on_the_cpu(config)
         if self.subcommand == "fit" and config.get("ckpt_path") == "last" and not config["checkpoint"].get("dirpath"):
             self._resume_last_run(config)
 
@@ -145,6 +147,19 @@ class AgentsCLI(LightningCLI):
                 f"the rollouts' sampling seeds follow data.init_args.seed; for a new seed pass both "
                 f"(--seed_everything={seed} --data.init_args.seed={seed})"
             )
+
+    @staticmethod
+    def _keep_fp32_on_the_cpu(config) -> None:
+        """``dtype: auto`` reads whether a CUDA GPU is visible when the policy is built (bf16 if so);
+        a run sent to the CPU of a GPU machine (``trainer.accelerator: cpu``, configs/cpu.yaml) would
+        then hold bf16 weights on the CPU and reproduce nothing measured there. Its ``auto`` is fp32."""
+        trainer = config.get("trainer")
+        if trainer is None or trainer.get("accelerator") != "cpu" or not torch.cuda.is_available():
+            return
+        model = getattr(config.get("model"), "init_args", None)
+        policy = getattr(model.get("policy") if model is not None else None, "init_args", None)
+        if policy is not None and policy.get("dtype", "auto") == "auto":
+            policy["dtype"] = "float32"
 
     @staticmethod
     def _resume_last_run(config) -> None:

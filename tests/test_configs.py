@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 from lit_agents.cli import AgentsCLI, main
 
@@ -250,3 +251,17 @@ def test_a_seed_the_data_module_ignores_is_warned(tmp_path):
         warnings.simplefilter("always")
         AgentsCLI(args=[*args, "--seed_everything=1", "--data.init_args.seed=1"], run=False)
     assert not [w for w in caught if "sampling seeds follow" in str(w.message)]
+
+
+def test_a_cpu_run_on_a_gpu_machine_keeps_fp32_weights(tmp_path, monkeypatch):
+    """`dtype: auto` is bf16 wherever CUDA is visible; `--trainer.accelerator=cpu` (configs/cpu.yaml)
+    there must not put bf16 weights on the CPU. Without a GPU, or on the GPU, `auto` stays."""
+    args = _short(ROOT / "quickstart_rl.yaml", tmp_path)
+    on_cpu = AgentsCLI(args=[*args, "-c", str(ROOT / "cpu.yaml")], run=False).config
+    anywhere = AgentsCLI(args=args, run=False).config
+    assert on_cpu.model.init_args.policy.init_args.dtype == "auto"  # no GPU here: left as written
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the same configs on a GPU machine
+    AgentsCLI._keep_fp32_on_the_cpu(on_cpu)
+    AgentsCLI._keep_fp32_on_the_cpu(anywhere)
+    assert on_cpu.model.init_args.policy.init_args.dtype == "float32"
+    assert anywhere.model.init_args.policy.init_args.dtype == "auto"
