@@ -77,6 +77,15 @@ def _no_tip(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("💡 Tip:")
 
 
+def _init_args(config, *keys: str):
+    """``config[k1].init_args[k2].init_args...``: the settings of a nested class in a parsed config,
+    or None where a level is missing or not a class."""
+    node = config
+    for key in keys:
+        node = getattr(node.get(key), "init_args", None) if node is not None else None
+    return node
+
+
 class AgentsCLI(LightningCLI):
     """LightningCLI with the library's defaults: TensorBoard under ``runs/`` (a config names its
     run with ``trainer.logger.init_args.name``), one device (whichever accelerator is there:
@@ -139,7 +148,7 @@ class AgentsCLI(LightningCLI):
         ``seed``, not from ``seed_everything``: a run that changes only the latter replays the other
         seed's tasks (docs/rl.md, "Seeds")."""
         seed = config.get("seed_everything")
-        data = getattr(config.get("data"), "init_args", None)
+        data = _init_args(config, "data")
         data_seed = data.get("seed") if data is not None else None
         if isinstance(seed, int) and not isinstance(seed, bool) and isinstance(data_seed, int) and seed != data_seed:
             rank_zero_warn(
@@ -156,8 +165,7 @@ class AgentsCLI(LightningCLI):
         trainer = config.get("trainer")
         if trainer is None or trainer.get("accelerator") != "cpu" or not torch.cuda.is_available():
             return
-        model = getattr(config.get("model"), "init_args", None)
-        policy = getattr(model.get("policy") if model is not None else None, "init_args", None)
+        policy = _init_args(config, "model", "policy")
         if policy is not None and policy.get("dtype", "auto") == "auto":
             policy["dtype"] = "float32"
 
@@ -165,8 +173,7 @@ class AgentsCLI(LightningCLI):
     def _resume_last_run(config) -> None:
         """``--ckpt_path last``: the newest ``last.ckpt`` among this logger's runs, logging on
         into the same version folder (Lightning alone would look in a fresh version folder)."""
-        logger = config["trainer"].get("logger")
-        init = getattr(logger, "init_args", None) if logger is not None else None
+        init = _init_args(config["trainer"], "logger")
         if init is None or "save_dir" not in init:
             return  # not a TensorBoard/CSV-style logger: Lightning's own resolution
         found = find_last_checkpoint(init["save_dir"], init.get("name", "lightning_logs"))

@@ -15,14 +15,16 @@ import torch
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
-def _pythonpath() -> str:
-    """The scripts' folder ahead of the caller's own PYTHONPATH (packages installed there must stay importable)."""
-    return os.pathsep.join(p for p in (str(SCRIPTS), os.environ.get("PYTHONPATH", "")) if p)
+def _script_env(**extra: str) -> dict[str, str]:
+    """The caller's environment with one OpenMP thread and the scripts' folder ahead of its own
+    PYTHONPATH (packages installed there must stay importable)."""
+    path = os.pathsep.join(p for p in (str(SCRIPTS), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **extra}
 
 
 def run_script(args: list[str], cwd: Path, timeout: float = 400) -> subprocess.CompletedProcess:
     """Run a script in its own process group; on timeout kill the whole group (DDP children too)."""
-    env = {**os.environ, "HANG_DUMP_S": str(timeout - 20), "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath()}
+    env = _script_env(HANG_DUMP_S=str(timeout - 20))
     proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -114,7 +116,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     assert whole.returncode == 0, whole.stdout[-4000:]
 
     killed_dir = tmp_path / "killed"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath()}
+    env = _script_env()
     proc = subprocess.Popen([sys.executable, *_fit_args(killed_dir)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     checkpoints = killed_dir / "quickstart_rl" / "version_0" / "checkpoints"
