@@ -144,17 +144,17 @@ class AgentsCLI(LightningCLI):
 
     @staticmethod
     def _warn_on_a_seed_the_data_ignores(config) -> None:
-        """The tasks an epoch draws and the rollouts' sampling seeds come from the data module's own
-        ``seed``, not from ``seed_everything``: a run that changes only the latter replays the other
-        seed's tasks (docs/rl.md, "Seeds")."""
+        """The tasks an epoch draws and the rollouts' sampling seeds follow the data module's
+        ``seed``, which follows ``seed_everything`` unless a config sets it: a set one that differs
+        makes a "new seed" replay the other seed's tasks (docs/rl.md, "Seeds")."""
         seed = config.get("seed_everything")
         data = _init_args(config, "data")
         data_seed = data.get("seed") if data is not None else None
         if isinstance(seed, int) and not isinstance(seed, bool) and isinstance(data_seed, int) and seed != data_seed:
             rank_zero_warn(
                 f"seed_everything={seed} but data.init_args.seed={data_seed}: the tasks each epoch draws and "
-                f"the rollouts' sampling seeds follow data.init_args.seed; for a new seed pass both "
-                f"(--seed_everything={seed} --data.init_args.seed={seed})"
+                f"the rollouts' sampling seeds follow data.init_args.seed; leave it unset to follow "
+                f"seed_everything, or pass both (--seed_everything={seed} --data.init_args.seed={seed})"
             )
 
     @staticmethod

@@ -19,6 +19,13 @@ def _cache(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def _unseeded(monkeypatch):
+    """Every test starts unseeded: an earlier test's ``seed_everything`` would otherwise leave its
+    ``PL_GLOBAL_SEED`` behind for the data modules a later test builds (`run_seed`)."""
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _auto_dtype_is_fp32(monkeypatch):
     """The suite's policies run on the CPU and its log-prob checks are fp32-tight, but ``dtype="auto"``
     means bf16 wherever a CUDA GPU is visible: on a GPU machine "auto" would load these CPU models in

@@ -241,16 +241,20 @@ def test_the_bitsandbytes_cpu_kernel_notice_is_dropped_around_peft_only(caplog):
                                                              "Failed to load CPU gemm_4bit_forward fro"]
 
 
-def test_a_seed_the_data_module_ignores_is_warned(tmp_path):
-    """`--seed_everything` alone leaves the data module's seed (tasks, sampling seeds) at the
-    config's: the fit says so; passing both is quiet."""
+def test_the_data_seed_follows_seed_everything(tmp_path):
+    """`--seed_everything=S` alone gives the data module seed S (its own tasks and sampling seeds),
+    quietly; a data seed set apart from it is kept, and the fit says it differs."""
     args = _short(ROOT / "quickstart_rl.yaml", tmp_path)
-    with pytest.warns(UserWarning, match="data.init_args.seed=0"):
-        AgentsCLI(args=[*args, "--seed_everything=1"], run=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        AgentsCLI(args=[*args, "--seed_everything=1", "--data.init_args.seed=1"], run=False)
+        cli = AgentsCLI(args=[*args, "--seed_everything=3"], run=False)
+    assert cli.datamodule.seed == 3
     assert not [w for w in caught if "sampling seeds follow" in str(w.message)]
+    first = [t.task_id for t in cli.datamodule.held_out_tasks()]
+    with pytest.warns(UserWarning, match="data.init_args.seed=0"):
+        cli = AgentsCLI(args=[*args, "--seed_everything=3", "--data.init_args.seed=0"], run=False)
+    assert cli.datamodule.seed == 0
+    assert [t.task_id for t in cli.datamodule.held_out_tasks()] != first
 
 
 def test_a_cpu_run_on_a_gpu_machine_keeps_fp32_weights(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import time
 from collections.abc import Iterator
@@ -101,6 +102,11 @@ class _LazyRollouts(IterableDataset):
             yield rollouts
 
 
+def run_seed() -> int:
+    """The run's ``seed_everything`` (Lightning records it in ``PL_GLOBAL_SEED``); 0 when unseeded."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
 class AgentDataModule(LightningDataModule):
     """Environment, agent loop and held-out validation shared by the data modules.
 
@@ -113,7 +119,9 @@ class AgentDataModule(LightningDataModule):
             instances of train tasks).
         val_greedy: greedy decoding for validation (else the agent's sampling settings).
         val_chunk: tasks played per validation batch.
-        seed: seed for task sampling and rollouts.
+        seed: seed for task sampling and rollouts; ``None`` (the default) = the run's
+            ``seed_everything`` (Lightning's ``PL_GLOBAL_SEED``; 0 when nothing seeded the run),
+            so ``--seed_everything=S`` alone gives a run its own tasks and sampling seeds.
         save_rollouts: also write every rollout played to ``<log_dir>/rollouts/*.jsonl``
             (``{train,val}-epochNNNN-rankR.jsonl``; trained sessions with their ``advantage``);
             ``lit-agents view`` shows them (docs/viewer.md).
@@ -131,7 +139,7 @@ class AgentDataModule(LightningDataModule):
         val_tasks: int | None = 64,
         val_greedy: bool = True,
         val_chunk: int = 64,
-        seed: int = 0,
+        seed: int | None = None,
         save_rollouts: bool = False,
         val_split: Split = "test",
     ) -> None:
@@ -142,7 +150,7 @@ class AgentDataModule(LightningDataModule):
         self.val_tasks = val_tasks
         self.val_greedy = val_greedy
         self.val_chunk = val_chunk
-        self.seed = seed
+        self.seed = run_seed() if seed is None else seed
         self.save_rollouts = save_rollouts
         #: the last epoch's training rollouts and the seconds they took to play (online RL)
         self.last_rollouts: list[Rollout] = []
@@ -304,7 +312,7 @@ class RolloutDataModule(AgentDataModule):
         val_tasks: int | None = 64,
         val_greedy: bool = True,
         val_chunk: int = 64,
-        seed: int = 0,
+        seed: int | None = None,
         save_rollouts: bool = False,
         val_split: Split = "test",
         packing: bool = False,
@@ -422,7 +430,7 @@ class DemonstrationDataModule(AgentDataModule):
         val_tasks: int | None = 64,
         val_greedy: bool = True,
         val_chunk: int = 64,
-        seed: int = 0,
+        seed: int | None = None,
         val_split: Split = "test",
         noisy: float = 0.0,
         epsilon: float = 0.3,

@@ -39,7 +39,6 @@ def _cli(config: Path, out: Path, name: str, seed: int, overrides: list[str],
         f"--trainer.default_root_dir={out}",
         f"--trainer.logger.init_args.save_dir={out}",
         f"--trainer.logger.init_args.name={name}",
-        f"--data.init_args.seed={seed}",
     ]
     args += [f"--{item}" for item in overrides]
     return AgentsCLI(args=args, run=False)
