@@ -213,6 +213,43 @@ def test_rao_credit_benchmark_reads_saved_rollouts(tmp_path, capsys):
     assert rao_credit.main([str(tmp_path)])["root"][1]["mean_adv"] == pytest.approx(0.5)
 
 
+def test_rao_asks_benchmark_scores_requests_against_the_recipe(tmp_path, capsys):
+    """`benchmarks/rao_asks.py`: a request is over / exact / under what the node's recipe needs
+    (ceil((goal - have) / output) x the ingredient's amount); saved advantages are averaged by kind."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from lit_agents.types import Rollout, Session
+
+    path = Path(__file__).parents[1] / "benchmarks" / "rao_asks.py"
+    spec = importlib.util.spec_from_file_location("rao_asks", path)
+    rao_asks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rao_asks)
+    recipe = "Recipe: 1 ranusu, 2 vifuro -> 2 lakude. You have 0 lakude."
+    # craft 3 lakude -> 2 crafts: 2 ranusu and 4 vifuro are needed
+    assert rao_asks.request_kinds(recipe, 'launch_subagent("craft 2 ranusu"), launch_subagent("craft 8 vifuro")',
+                                  "craft 3 lakude") == ["exact", "over"]
+    assert rao_asks.request_kinds(recipe, 'launch_subagent("craft 1 ranusu")', "craft 2 lakude") == ["exact"]
+    assert rao_asks.request_kinds(recipe.replace("have 0", "have 2"), 'launch_subagent("craft 1 ranusu")',
+                                  "craft 4 lakude") == ["exact"]
+    assert rao_asks.request_kinds(recipe, 'launch_subagent("craft 0 vifuro")', "craft 1 lakude") == ["under"]
+    assert rao_asks.request_kinds("Inventory: 2 dulo", 'launch_subagent("craft 9 x")', "craft 1 lakude") == []
+
+    def node(sid, completion, advantage):
+        call = Call([1], [2], [-0.1], prompt_text=recipe, completion_text=completion)
+        return Session(sid, "main", None, 0, [call], goal="craft 2 lakude", advantage=advantage)
+
+    trees = [Rollout("t", 0, [node(0, 'launch_subagent("craft 4 ranusu"), launch_subagent("craft 2 vifuro")', -0.5),
+                              node(1, 'launch_subagent("craft 1 ranusu")', 0.25)], 0.0, False)]
+    file = tmp_path / "rollouts.jsonl"
+    file.write_text("\n".join(json.dumps(t.to_dict()) for t in trees) + "\n")
+    (row,) = rao_asks.main([str(file)])
+    assert row["requests"] == 3 and row["over"] == pytest.approx(100 / 3) and row["exact"] == pytest.approx(200 / 3)
+    assert row["adv_over"] == pytest.approx(-0.5) and row["adv_exact"] == pytest.approx(0.25)
+    assert "over 33.3%" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("difficulty", ["easy", "medium", "hard"])
 def test_expert_trees_delegate_and_deepen_with_difficulty(policy, difficulty):
     """The recursive expert's trees (code run in the sandboxes) solve their tasks, every child

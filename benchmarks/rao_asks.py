@@ -1,0 +1,87 @@
+"""How much a RAO node asks its subagents for, against what its recipe needs, on TextCraft-Synth:
+each ``launch_subagent("craft K item")`` a node writes after reading ``Recipe: ... -> N out. You
+have H out`` is *over* when K exceeds ceil((goal count - H) / N) x the ingredient's amount, *under*
+when below it, else *exact*. Asking for more than needed spends base items the node's siblings
+share, so their trees fail while the greedy subagent meets its own goal. With saved training
+rollouts (``--data.init_args.save_rollouts=true``) it also prints the mean advantage the nodes that
+wrote over-asking and exact requests were trained with. No model is loaded.
+
+    python benchmarks/rao_asks.py <log_dir>/eval/last-val/rollouts.jsonl     # rao_trees.py's output
+    python benchmarks/rao_asks.py runs/rao_recursive/version_0/rollouts/train-epoch*.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from lit_agents.types import Rollout
+
+RECIPE = re.compile(r"Recipe: (.*?) -> (\d+) (\w+)\. You have (\d+)")
+ASK = re.compile(r'launch_subagent\("craft (\d+) (\w+)"\)')
+GOAL = re.compile(r"craft (\d+) (\w+)")
+
+
+def request_kinds(prompt: str, completion: str, goal: str) -> list[str]:
+    """``over``/``exact``/``under`` for each subagent request in ``completion``, written by a node
+    with ``goal`` that read ``prompt``; [] where the prompt holds no recipe or the code asks nothing."""
+    recipe, wanted = RECIPE.search(prompt), GOAL.match(goal or "")
+    if recipe is None or wanted is None:
+        return []
+    amounts = {name: int(n) for n, name in re.findall(r"(\d+) (\w+)", recipe.group(1))}
+    crafts = math.ceil(max(0, int(wanted.group(1)) - int(recipe.group(4))) / int(recipe.group(2)))
+    kinds = []
+    for count, item in ASK.findall(completion):
+        need = crafts * amounts.get(item, 0)
+        kinds.append("over" if int(count) > need else "under" if int(count) < need else "exact")
+    return kinds
+
+
+def ask_stats(trees: list[Rollout]) -> dict:
+    """Request shares (%) by kind, and the mean node advantage of calls with an over-asking request
+    and of calls whose requests are all exact or under (None without saved advantages)."""
+    kinds: Counter[str] = Counter()
+    adv: dict[str, list[float]] = defaultdict(list)
+    for tree in trees:
+        for session in tree.sessions:
+            for call in session.calls:
+                found = request_kinds(call.prompt_text, call.completion_text, session.goal)
+                if not found:
+                    continue
+                kinds.update(found)
+                if session.advantage is not None:
+                    a = session.advantage
+                    a = sum(a) / len(a) if isinstance(a, list) else a
+                    adv["over" if "over" in found else "exact"].append(float(a))
+    total = sum(kinds.values()) or 1
+    out = {k: 100 * kinds[k] / total for k in ("over", "exact", "under")}
+    out["requests"] = sum(kinds.values())
+    for k in ("over", "exact"):
+        out[f"adv_{k}"] = sum(adv[k]) / len(adv[k]) if adv[k] else None
+    return out
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("files", type=Path, nargs="+", help="rollout JSONL files (eval or training)")
+    args = parser.parse_args(argv)
+    rows = []
+    for path in args.files:
+        trees = [Rollout.from_dict(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+        stats = ask_stats(trees)
+        rows.append({"file": str(path), **stats})
+        line = (f"{path}: {stats['requests']} requests, over {stats['over']:.1f}%, exact {stats['exact']:.1f}%, "
+                f"under {stats['under']:.1f}%")
+        if stats["adv_over"] is not None or stats["adv_exact"] is not None:
+            fmt = lambda a: "-" if a is None else f"{a:+.3f}"  # noqa: E731
+            line += f"; node advantage over {fmt(stats['adv_over'])}, exact/under {fmt(stats['adv_exact'])}"
+        print(line)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
