@@ -23,21 +23,26 @@ from lit_agents.types import Rollout
 
 RECIPE = re.compile(r"Recipe: (.*?) -> (\d+) (\w+)\. You have (\d+)")
 ASK = re.compile(r'launch_subagent\("craft (\d+) (\w+)"\)')
-GOAL = re.compile(r"craft (\d+) (\w+)")
+AMOUNT = re.compile(r"(\d+) (\w+)")  # "2 vifuro" in a goal or a recipe's inputs
 
 
 def request_kinds(prompt: str, completion: str, goal: str) -> list[str]:
     """``over``/``exact``/``under`` for each subagent request in ``completion``, written by a node
-    with ``goal`` that read ``prompt``; [] where the prompt holds no recipe or the code asks nothing."""
-    recipe, wanted = RECIPE.search(prompt), GOAL.match(goal or "")
-    if recipe is None or wanted is None:
+    with ``goal`` (``craft 2 a, 1 b``) that read ``prompt``: an ingredient's need sums over the
+    recipes in the prompt whose output the goal names. [] where no such recipe was read or the code
+    asks nothing."""
+    wanted = {item: int(n) for n, item in AMOUNT.findall(goal or "")}
+    need: Counter[str] = Counter()
+    for used, made, output, have in RECIPE.findall(prompt):
+        if output in wanted:
+            crafts = math.ceil(max(0, wanted[output] - int(have)) / int(made))
+            for n, item in AMOUNT.findall(used):
+                need[item] += crafts * int(n)
+    if not need:
         return []
-    amounts = {name: int(n) for n, name in re.findall(r"(\d+) (\w+)", recipe.group(1))}
-    crafts = math.ceil(max(0, int(wanted.group(1)) - int(recipe.group(4))) / int(recipe.group(2)))
     kinds = []
     for count, item in ASK.findall(completion):
-        need = crafts * amounts.get(item, 0)
-        kinds.append("over" if int(count) > need else "under" if int(count) < need else "exact")
+        kinds.append("over" if int(count) > need[item] else "under" if int(count) < need[item] else "exact")
     return kinds
 
 

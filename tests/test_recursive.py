@@ -235,6 +235,12 @@ def test_rao_asks_benchmark_scores_requests_against_the_recipe(tmp_path, capsys)
                                   "craft 4 lakude") == ["exact"]
     assert rao_asks.request_kinds(recipe, 'launch_subagent("craft 0 vifuro")', "craft 1 lakude") == ["under"]
     assert rao_asks.request_kinds("Inventory: 2 dulo", 'launch_subagent("craft 9 x")', "craft 1 lakude") == []
+    # a recipe the goal does not name (the node looked the wrong item up) is not scored
+    assert rao_asks.request_kinds(recipe, 'launch_subagent("craft 2 ranusu")', "craft 2 dusome") == []
+    # two targets: the need of a shared ingredient sums over both recipes read (2 + 3 vifuro)
+    both = recipe + "\nRecipe: 3 vifuro -> 1 dusome. You have 0 dusome."
+    assert rao_asks.request_kinds(both, 'launch_subagent("craft 5 vifuro"), launch_subagent("craft 1 ranusu")',
+                                  "craft 1 lakude, 1 dusome") == ["exact", "exact"]
 
     def node(sid, completion, advantage):
         call = Call([1], [2], [-0.1], prompt_text=recipe, completion_text=completion)
