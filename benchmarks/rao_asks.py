@@ -26,11 +26,11 @@ ASK = re.compile(r'launch_subagent\("craft (\d+) (\w+)"\)')
 AMOUNT = re.compile(r"(\d+) (\w+)")  # "2 vifuro" in a goal or a recipe's inputs
 
 
-def request_kinds(prompt: str, completion: str, goal: str) -> list[str]:
-    """``over``/``exact``/``under`` for each subagent request in ``completion``, written by a node
-    with ``goal`` (``craft 2 a, 1 b``) that read ``prompt``: an ingredient's need sums over the
-    recipes in the prompt whose output the goal names. [] where no such recipe was read or the code
-    asks nothing."""
+def request_needs(prompt: str, completion: str, goal: str) -> list[tuple[int, str, int | None]]:
+    """Each subagent request in ``completion``, written by a node with ``goal`` (``craft 2 a, 1 b``)
+    that read ``prompt``: (where its count starts in ``completion``, the count, what the recipes
+    need of that ingredient). An ingredient's need sums over the recipes in the prompt whose output
+    the goal names; it is None for every request where no such recipe was read."""
     wanted = {item: int(n) for n, item in AMOUNT.findall(goal or "")}
     need: Counter[str] = Counter()
     for used, made, output, have in RECIPE.findall(prompt):
@@ -38,12 +38,18 @@ def request_kinds(prompt: str, completion: str, goal: str) -> list[str]:
             crafts = math.ceil(max(0, wanted[output] - int(have)) / int(made))
             for n, item in AMOUNT.findall(used):
                 need[item] += crafts * int(n)
-    if not need:
-        return []
-    kinds = []
-    for count, item in ASK.findall(completion):
-        kinds.append("over" if int(count) > need[item] else "under" if int(count) < need[item] else "exact")
-    return kinds
+    return [(m.start(1), m.group(1), need[m.group(2)] if need else None) for m in ASK.finditer(completion)]
+
+
+def request_kind(count: int, need: int) -> str:
+    return "over" if count > need else "under" if count < need else "exact"
+
+
+def request_kinds(prompt: str, completion: str, goal: str) -> list[str]:
+    """``over``/``exact``/``under`` for each subagent request in ``completion`` against its need
+    (`request_needs`). [] where no recipe the goal names was read or the code asks nothing."""
+    return [request_kind(int(count), need) for _, count, need in request_needs(prompt, completion, goal)
+            if need is not None]
 
 
 def ask_stats(trees: list[Rollout]) -> dict:

@@ -256,6 +256,46 @@ def test_rao_asks_benchmark_scores_requests_against_the_recipe(tmp_path, capsys)
     assert "over 33.3%" in capsys.readouterr().out
 
 
+def test_rao_update_probe_reads_the_request_counts_an_update_moves(tmp_path, tiny_config):
+    """`benchmarks/rao_update_probe.py`: the probe sits on the first digit of each scored request
+    (here 4 where the recipe needs 2), an update that rewards the over-asking node makes the larger
+    count likelier and its first-order push on log p(exact) is negative, and a variant that leaves
+    the update no advantage changes nothing."""
+    import importlib.util
+    from pathlib import Path
+
+    from lit_agents.types import Rollout, Session
+
+    path = Path(__file__).parents[1] / "benchmarks" / "rao_update_probe.py"
+    spec = importlib.util.spec_from_file_location("rao_update_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    model = tmp_path / "model"
+    start = AgentPolicy(model="tiny", tiny=tiny_config, finetune="full")
+    start.save_pretrained(model)
+    tok = start.tokenizer
+    prompt = "Recipe: 1 ranusu, 2 vifuro -> 1 lakude. You have 0 lakude."
+    completion = 'print(await launch_subagent("craft 4 vifuro"))'
+
+    def node(sid, advantage):
+        call = Call(tok.encode(prompt), tok.encode(completion), [0.0] * len(tok.encode(completion)),
+                    prompt_text=prompt, completion_text=completion)
+        return Session(sid, "main", None, 0, [call], goal="craft 1 lakude", advantage=advantage)
+
+    trees = [Rollout("t", 0, [node(0, 1.0)], 1.0, True), Rollout("t", 0, [node(0, 1.0)], 1.0, True)]
+    rows, probes = probe.training_rows(trees, tok)
+    assert len(rows) == 2 and len(probes) == 2 and probes[0].need == 2
+    assert tok.decode([rows[0].input_ids[probes[0].position]]) == "4"
+    assert rows[0].meta["kinds"][probes[0].position] == "over"
+    before = probe.measure(start, rows, probes)
+    push = probe.first_order(start, rows, probes)
+    assert push["count:over:+"] < 0 and set(push) == {"count:over:+", "other:root:+"}
+    after = probe.measure(probe.update(str(model), rows, "full", 1e-2, 1, 0.0, "k3"), rows, probes)
+    assert after["over"] > before["over"] + 0.02 and after["exact"] < before["exact"]
+    unchanged = probe.measure(probe.update(str(model), rows, "neg", 1e-2, 1, 0.0, "k3"), rows, probes)
+    assert unchanged == pytest.approx(before, abs=1e-6)
+
+
 @pytest.mark.parametrize("difficulty", ["easy", "medium", "hard"])
 def test_expert_trees_delegate_and_deepen_with_difficulty(policy, difficulty):
     """The recursive expert's trees (code run in the sandboxes) solve their tasks, every child
