@@ -4,7 +4,8 @@ log-probs; CISPO, token mean per optimizer step, whole groups a step as `Rollout
 them, AdamW, the KL penalty to the sampler) and reads the model's distribution over the first digit
 of every ``launch_subagent("craft K item")`` whose need (`rao_asks.request_needs`) is 1-9, before
 and after. Teacher-forced, no sampling, so the change is the update's alone; the first-order
-change of ``sum log p(exact)`` per kind of row says which rows push the amounts which way.
+change of ``sum log p(exact)`` per kind of row says which rows push the amounts which way. It trains
+the whole model with CISPO at temperature 1, as ``configs/rao/recursive.yaml`` does.
 
 Variants change which advantages the update sees: ``full``; ``count`` (only the request counts'
 digits keep theirs); ``other`` (every token but those); ``pos`` / ``neg`` (A > 0 / A < 0 only);
@@ -215,9 +216,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("model", help="the model the rollouts were sampled from (a folder or 'tiny')")
     parser.add_argument("rollouts", type=Path, help="saved training rollouts of one epoch (with advantages)")
     parser.add_argument("--variants", nargs="*", default=["full"], choices=VARIANTS)
-    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--lr", type=float, default=5e-4, help="the run's model.init_args.lr (AdamW, no decay)")
     parser.add_argument("--mini-batches", type=int, default=4, help="optimizer steps in the epoch")
-    parser.add_argument("--kl-coef", type=float, default=0.1)
+    parser.add_argument("--kl-coef", type=float, default=0.1,
+                        help="the run's KLAnchor coef (0 for a run without one); the reference is the sampler")
     parser.add_argument("--kl-estimator", default="k3_clamp")
     parser.add_argument("--first-order", action="store_true", help="also the per-kind first-order push")
     args = parser.parse_args(argv)
