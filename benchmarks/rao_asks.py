@@ -13,13 +13,13 @@ wrote over-asking and exact requests were trained with. No model is loaded.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from lit_agents.types import Rollout
+from lit_agents.viewer import read_rollouts
 
 RECIPE = re.compile(r"Recipe: (.*?) -> (\d+) (\w+)\. You have (\d+)")
 ASK = re.compile(r'launch_subagent\("craft (\d+) (\w+)"\)')
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     rows = []
     for path in args.files:
-        trees = [Rollout.from_dict(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+        trees = [tree for _, tree in read_rollouts([path])]
         stats = ask_stats(trees)
         rows.append({"file": str(path), **stats})
         line = (f"{path}: {stats['requests']} requests, over {stats['over']:.1f}%, exact {stats['exact']:.1f}%, "

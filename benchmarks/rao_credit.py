@@ -10,14 +10,13 @@ itself. Each epoch's file is scored on its own (group ids restart every epoch).
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import yaml
 
 from lit_agents.modules.rao import tree_node_advantages, tree_node_rewards
-from lit_agents.types import Rollout
+from lit_agents.viewer import read_rollouts
 
 
 def credit_by_depth(files: list[Path], lam: float, propagate_root: bool, baseline: str, max_depth: int) -> dict:
@@ -25,7 +24,7 @@ def credit_by_depth(files: list[Path], lam: float, propagate_root: bool, baselin
     from ``max_depth`` on pooled (shares in %, ``mean_adv`` per node)."""
     pools: dict[int, list[tuple[float, bool]]] = defaultdict(list)
     for f in files:
-        trees = [Rollout.from_dict(json.loads(line)) for line in f.read_text().splitlines() if line.strip()]
+        trees = [tree for _, tree in read_rollouts([f])]
         advs = tree_node_advantages(trees, tree_node_rewards(trees, lam, propagate_root), baseline, False)
         for tree, adv in zip(trees, advs):
             for session, a in zip(tree.sessions, adv):

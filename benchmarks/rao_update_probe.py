@@ -18,31 +18,21 @@ digits keep theirs); ``other`` (every token but those); ``pos`` / ``neg`` (A > 0
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import random
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from rao_asks import request_kind, request_needs  # a sibling: benchmarks/ is on the path when run
 
 from lit_agents.algorithms.collate import Row, batches_by_tokens, collate_rows, group_steps, session_row
 from lit_agents.algorithms.losses import cispo_loss, kl_loss
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Rollout, Session
+from lit_agents.viewer import read_rollouts
 
 VARIANTS = ("full", "count", "other", "pos", "neg", "random")
-
-
-def _rao_asks():
-    if "rao_asks" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("rao_asks", Path(__file__).with_name("rao_asks.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["rao_asks"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["rao_asks"]
 
 
 class Probe(NamedTuple):
@@ -55,7 +45,6 @@ def count_spans(session: Session, tokenizer) -> list[tuple[list[int], str, int |
     """Each subagent request's count in ``session.token_ids``: (its digits' token positions, kind
     ``over``/``exact``/``under``/``unscored``, need or None). Calls whose tokens do not decode to
     their text piece by piece are skipped."""
-    asks = _rao_asks()
     out, offset = [], 0
     for call in session.calls:
         start = offset + len(call.prompt_ids)
@@ -67,10 +56,10 @@ def count_spans(session: Session, tokenizer) -> list[tuple[list[int], str, int |
         for piece in pieces:
             n += len(piece)
             ends.append(n)
-        for char, count, need in asks.request_needs(call.prompt_text, call.completion_text, session.goal):
+        for char, count, need in request_needs(call.prompt_text, call.completion_text, session.goal):
             first = next(i for i, end in enumerate(ends) if end > char)
             digits = [start + first + d for d in range(len(count))]
-            kind = "unscored" if need is None else asks.request_kind(int(count), need)
+            kind = "unscored" if need is None else request_kind(int(count), need)
             out.append((digits, kind, need))
     return out
 
@@ -223,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--kl-estimator", default="k3_clamp")
     parser.add_argument("--first-order", action="store_true", help="also the per-kind first-order push")
     args = parser.parse_args(argv)
-    trees = [Rollout.from_dict(json.loads(line)) for line in args.rollouts.read_text().splitlines() if line.strip()]
+    trees = [tree for _, tree in read_rollouts([args.rollouts])]
     start = AgentPolicy(model=args.model, finetune="full").eval()
     rows, probes = training_rows(trees, start.tokenizer)
     if not probes:

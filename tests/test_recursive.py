@@ -256,20 +256,18 @@ def test_rao_asks_benchmark_scores_requests_against_the_recipe(tmp_path, capsys)
     assert "over 33.3%" in capsys.readouterr().out
 
 
-def test_rao_update_probe_reads_the_request_counts_an_update_moves(tmp_path, tiny_config):
+def test_rao_update_probe_reads_the_request_counts_an_update_moves(tmp_path, tiny_config, monkeypatch):
     """`benchmarks/rao_update_probe.py`: the probe sits on the first digit of each scored request
     (here 4 where the recipe needs 2), an update that rewards the over-asking node makes the larger
     count likelier and its first-order push on log p(exact) is negative, and a variant that leaves
     the update no advantage changes nothing."""
-    import importlib.util
+    import importlib
     from pathlib import Path
 
     from lit_agents.types import Rollout, Session
 
-    path = Path(__file__).parents[1] / "benchmarks" / "rao_update_probe.py"
-    spec = importlib.util.spec_from_file_location("rao_update_probe", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))  # it imports its sibling rao_asks
+    probe = importlib.import_module("rao_update_probe")
     model = tmp_path / "model"
     start = AgentPolicy(model="tiny", tiny=tiny_config, finetune="full")
     start.save_pretrained(model)
