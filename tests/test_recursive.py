@@ -374,3 +374,39 @@ def test_tree_metrics_by_difficulty_concurrency_and_wall_clock(policy):
     )
     merged = merge_stats([(2, {"a": 1.0, "b": 3.0}), (6, {"a": 0.0})])
     assert merged == {"a": 0.25, "b": 3.0}
+
+
+def test_rao_decisions_finds_the_call_where_two_greedy_trees_part(tmp_path, monkeypatch, capsys):
+    """`benchmarks/rao_decisions.py`: for each task one evaluation solved and the other did not,
+    the first differing call is a count change (larger/smaller) when only its numbers differ."""
+    import importlib
+    import json
+    from pathlib import Path
+
+    from lit_agents.types import Rollout, Session
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+    decisions = importlib.import_module("rao_decisions")
+    recipe = "Recipe: 1 soke, 2 noza -> 1 dena. You have 0 dena."
+
+    def tree(task, success, *completions):
+        sessions = [Session(i, "main" if i == 0 else "subagent", None if i == 0 else 0, min(i, 1),
+                            [Call([1], [2], [0.0], prompt_text=recipe, completion_text=c)])
+                    for i, c in enumerate(completions)]
+        return Rollout(task, 0, sessions, float(success), success)
+
+    ask = 'launch_subagent("craft {} noza"); craft("dena", 1)'
+    start = [tree("a", True, "look", ask.format(2)), tree("b", False, ask.format(1)),
+             tree("c", True, ask.format(2)), tree("d", True, ask.format(2))]
+    after = [tree("a", False, "look", ask.format(4)), tree("b", True, ask.format(2)),
+             tree("c", True, ask.format(4)), tree("d", False, ask.format(2).replace("noza", "soke"))]
+    for name, trees in (("start", start), ("after", after)):
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(t.to_dict()) for t in trees) + "\n")
+    out = decisions.main([str(tmp_path / "start.jsonl"), str(tmp_path / "after.jsonl")])
+    # a: lost at its second call (4 noza for 2); b: gained by asking more; c: unchanged outcome;
+    # d: lost to another ingredient
+    assert out["lost"] == {"count larger": 1, "other": 1} and out["gained"] == {"count larger": 1}
+    assert "lost 2: count larger 1, other 1" in capsys.readouterr().out
+    (tmp_path / "after.jsonl").write_text(json.dumps(after[0].to_dict()) + "\n")
+    with pytest.raises(SystemExit, match="different tasks"):
+        decisions.main([str(tmp_path / "start.jsonl"), str(tmp_path / "after.jsonl")])
