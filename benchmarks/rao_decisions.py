@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from lit_agents.types import Call, Rollout
@@ -48,20 +49,29 @@ def decision_kind(start: Call, after: Call) -> str:
     return "count larger" if total(y) > total(x) else "count smaller"
 
 
-def turns(start: list[Rollout], after: list[Rollout]) -> dict[str, Counter[str]]:
-    """Per outcome (``gained``, ``lost``), how many tasks turned on each kind of decision."""
+def turned(start: list[Rollout], after: list[Rollout]) -> Iterator[tuple[str, Rollout, tuple[int, Call, Call] | None]]:
+    """For each task whose success differs: ``gained``/``lost``, the RL model's tree, and where the
+    two trees first differ (`first_difference`)."""
     before = {tree.task_id: tree for tree in start}
     missing = {tree.task_id for tree in after} ^ set(before)
     if missing:
         raise SystemExit(f"the two files hold different tasks, e.g. {sorted(missing)[:3]}")
-    out: dict[str, Counter[str]] = {"gained": Counter(), "lost": Counter()}
     for tree in after:
         old = before[tree.task_id]
-        if bool(old.success) == bool(tree.success):
-            continue
-        found = first_difference(old, tree)
-        kind = "prefix" if found is None else decision_kind(found[1], found[2])
-        out["gained" if tree.success else "lost"][kind] += 1
+        if bool(old.success) != bool(tree.success):
+            yield "gained" if tree.success else "lost", tree, first_difference(old, tree)
+
+
+def turns(start: list[Rollout], after: list[Rollout], show: bool = False) -> dict[str, Counter[str]]:
+    """Per outcome (``gained``, ``lost``), how many tasks turned on each kind of decision; ``show``
+    prints the two calls of every turned task."""
+    out: dict[str, Counter[str]] = {"gained": Counter(), "lost": Counter()}
+    for outcome, tree, found in turned(start, after):
+        out[outcome]["prefix" if found is None else decision_kind(found[1], found[2])] += 1
+        if show and found is not None:
+            i, x, y = found
+            print(f"{outcome} {tree.task_id}, call {i}: {x.prompt_text!r}\n"
+                  f"  start: {x.completion_text!r}\n  after: {y.completion_text!r}")
     return out
 
 
@@ -73,16 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Counter[str]]:
     args = parser.parse_args(argv)
     start = [tree for _, tree in read_rollouts([args.start])]
     after = [tree for _, tree in read_rollouts([args.after])]
-    if args.show:
-        before = {tree.task_id: tree for tree in start}
-        for tree in after:
-            old = before.get(tree.task_id)
-            if old is None or bool(old.success) == bool(tree.success) or not (found := first_difference(old, tree)):
-                continue
-            i, x, y = found
-            print(f"{'gained' if tree.success else 'lost'} {tree.task_id}, call {i}: {x.prompt_text!r}\n"
-                  f"  start: {x.completion_text!r}\n  after: {y.completion_text!r}")
-    out = turns(start, after)
+    out = turns(start, after, args.show)
     for outcome, kinds in out.items():
         parts = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none"
         print(f"{outcome} {sum(kinds.values())}: {parts}")

@@ -407,6 +407,10 @@ def test_rao_decisions_finds_the_call_where_two_greedy_trees_part(tmp_path, monk
     # d: lost to another ingredient
     assert out["lost"] == {"count larger": 1, "other": 1} and out["gained"] == {"count larger": 1}
     assert "lost 2: count larger 1, other 1" in capsys.readouterr().out
+    decisions.main([str(tmp_path / "start.jsonl"), str(tmp_path / "after.jsonl"), "--show"])
+    shown = capsys.readouterr().out
+    assert "lost a, call 1:" in shown and "craft 4 noza" in shown and "gained b, call 0:" in shown
+    assert " c, call" not in shown  # an unchanged outcome is not shown
     (tmp_path / "after.jsonl").write_text(json.dumps(after[0].to_dict()) + "\n")
     with pytest.raises(SystemExit, match="different tasks"):
         decisions.main([str(tmp_path / "start.jsonl"), str(tmp_path / "after.jsonl")])
