@@ -49,16 +49,22 @@ def expert_trees(setup: tuple[str, str], policy: AgentPolicy, env: TextCraftSynt
     return time.perf_counter() - start, sum(t.meta["nodes"] for t in trees)
 
 
+def expert_workload() -> tuple[AgentPolicy, TextCraftSynth, list]:
+    """The tiny policy (it only tokenizes), TextCraft-Synth and its train tasks in a fixed order."""
+    policy = AgentPolicy(tiny=TinyConfig(corpus="textcraft_synth"), finetune="full")
+    env = TextCraftSynth(min_depth=2, max_depth=8)
+    tasks = env.tasks("train")
+    random.Random(0).shuffle(tasks)
+    return policy, env, tasks
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repls", type=int, default=20, help="REPLs per round (first workload)")
     parser.add_argument("--tasks", type=int, default=8, help="train tasks per round (second workload)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    policy = AgentPolicy(tiny=TinyConfig(corpus="textcraft_synth"), finetune="full")
-    env = TextCraftSynth(min_depth=2, max_depth=8)
-    tasks = env.tasks("train")
-    random.Random(0).shuffle(tasks)
+    policy, env, tasks = expert_workload()
     repl_life(SETUPS[0], 1)  # the zygote's own start is paid once per trainer process
     life = {s: [] for s in SETUPS}
     trees = {s: [] for s in SETUPS}

@@ -137,12 +137,62 @@ def test_close_removes_the_work_directory():
 def test_time_waiting_for_tools_does_not_count():
     import time
 
-    with PythonREPL(async_tools=["launch_subagent"], timeout_s=1.0) as r:
+    with PythonREPL(async_tools=["launch_subagent"], timeout_s=1.0, wall_timeout_s=1.0) as r:
         r.submit("print(await launch_subagent('slow child'))")
         (call,) = r.poll()
         time.sleep(1.5)  # the driver plays the child for longer than the code's own limit
         r.respond(call.call_id, value="child done")
         assert r.poll().observation() == "child done"
+
+
+def test_the_time_limit_counts_cpu_seconds_not_a_loaded_machine():
+    """A worker kept off the CPU for longer than its limit (a loaded machine; here SIGSTOP) still
+    finishes its code: the limit is the worker's CPU time. Code that sleeps uses none and meets
+    the wall-clock backstop instead; threads' CPU time counts."""
+    import signal
+    import time
+
+    with PythonREPL(timeout_s=1.0, wall_timeout_s=20.0) as r:
+        r.submit("x = sum(range(10 ** 6))\nprint('done', x)")
+        os.kill(r.pid, signal.SIGSTOP)
+        time.sleep(1.5)
+        os.kill(r.pid, signal.SIGCONT)
+        assert r.poll().observation() == "done 499999500000"
+        assert r.run("import time\ntime.sleep(1.5)\nprint('slept')").observation() == "slept"
+        started = time.monotonic()
+        busy = r.run("import threading, time\ndef burn():\n    while True:\n        pass\n"
+                     "for _ in range(2):\n    threading.Thread(target=burn, daemon=True).start()\ntime.sleep(60)")
+        assert "TimeoutError: the code used more than 1 s of CPU time" in busy.observation(), busy.observation()
+        assert busy.restarted and time.monotonic() - started < 10
+    with PythonREPL(timeout_s=1.0, wall_timeout_s=1.0) as r:
+        slept = r.run("import time\ntime.sleep(30)")
+        assert "TimeoutError: the code ran past 1 s (wall clock)" in slept.observation(), slept.observation()
+        assert r.run("print('alive')").observation() == "alive"
+
+
+def test_cpu_burned_while_tool_calls_are_out_counts():
+    """Code that leaves a subagent call pending and spins meanwhile is charged for the CPU it
+    used while the driver played the child (the wall clock pauses there, the CPU clock not)."""
+    import time
+
+    with PythonREPL(async_tools=["launch_subagent"], timeout_s=1.0, wall_timeout_s=30.0) as r:
+        r.submit("task = asyncio.ensure_future(launch_subagent('child'))\nawait asyncio.sleep(0)\n"
+                 "while True:\n    pass")
+        (call,) = r.poll()
+        time.sleep(1.5)
+        r.respond(call.call_id, value="child done")
+        started = time.monotonic()
+        result = r.poll()
+        assert "TimeoutError: the code used more than 1 s of CPU time" in result.observation(), result.observation()
+        assert time.monotonic() - started < 1.0
+
+
+def test_without_the_cpu_clock_the_wall_clock_still_bounds_an_execution(monkeypatch):
+    """Where /proc does not give the worker's CPU time, the wall-clock backstop stops a busy loop."""
+    monkeypatch.setattr(PythonREPL, "_cpu_seconds", lambda self: None)
+    with PythonREPL(timeout_s=1.0, wall_timeout_s=1.0) as r:
+        result = r.run("while True:\n    pass")
+        assert "TimeoutError: the code ran past 1 s (wall clock)" in result.observation(), result.observation()
 
 
 def test_a_worker_ends_when_its_trainer_dies_mid_tool_call():

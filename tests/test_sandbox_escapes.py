@@ -229,6 +229,8 @@ with PythonREPL(timeout_s=10.0) as r:
         code = code.replace("TRAINER", str(os.getpid()))
         result = r.run(disable + code)
         out[name] = [result.output, result.error, r.run("print('alive')").observation()]
+with PythonREPL(timeout_s=1.0, wall_timeout_s=60.0) as r:  # the CPU clock reads for a non-root trainer
+    out["busy"] = r.run("while True:\\n    pass").observation()
 print(json.dumps(out))
 """
 
@@ -313,6 +315,7 @@ def test_escapes_are_refused_for_a_non_root_trainer(listener):
             assert not any(s in output for s in ("root:", "forked", "attached")), (case, output)
         assert not os.path.exists(marker)
         assert no_connection(listener)
+        assert "used more than 1 s of CPU time" in out["busy"], out["busy"]
     finally:
         if os.path.exists(marker):
             os.remove(marker)

@@ -82,7 +82,10 @@ class RecursiveAgent(Agent):
             ``max_new_tokens``, a turn writes at most that room rounded down to a multiple of
             16, and a node with less than 16 tokens of room ends there, unfinished (reason
             ``context``). None: unlimited.
-        repl_timeout_s: wall-clock limit of one code block (time waiting for tools excluded).
+        repl_timeout_s: time limit of one code block in its REPL worker's CPU seconds, so machine
+            load does not change which code times out (time waiting for tools uses none).
+        repl_wall_timeout_s: wall-clock backstop of one code block, for code that sleeps or
+            blocks (time waiting for tools excluded).
         repl_memory_mb: address-space limit of each node's REPL process.
         repl_spawn: how a node's REPL process starts: ``"zygote"`` (forked from a warm process,
             milliseconds) or ``"exec"`` (a fresh interpreter, about 10x slower).
@@ -106,6 +109,7 @@ class RecursiveAgent(Agent):
         look_first: bool = False,
         max_context_tokens: int | None = None,
         repl_timeout_s: float = 10.0,
+        repl_wall_timeout_s: float = 30.0,
         repl_memory_mb: int = 1024,
         repl_spawn: Literal["zygote", "exec"] = "zygote",
         repl_containment: Literal["kernel", "python-only"] = "kernel",
@@ -117,7 +121,7 @@ class RecursiveAgent(Agent):
         self.recursive, self.look_first, self.max_context_tokens = recursive, look_first, max_context_tokens
         self.repl_timeout_s, self.repl_memory_mb, self.repl_spawn = repl_timeout_s, repl_memory_mb, repl_spawn
         self.system_prompt, self.show_progress = system_prompt, show_progress
-        self.repl_containment = repl_containment
+        self.repl_containment, self.repl_wall_timeout_s = repl_containment, repl_wall_timeout_s
 
     # ------------------------------------------------------------------ extension points
     def system_text(self, env: TextEnv) -> str:
@@ -243,7 +247,7 @@ class RecursiveAgent(Agent):
         functions = env.functions(state)
         async_tools = ["launch_subagent"] if self.recursive else []
         repl = PythonREPL(tools=list(functions), async_tools=async_tools, timeout_s=self.repl_timeout_s,
-                          memory_mb=self.repl_memory_mb, spawn=self.repl_spawn,
+                          wall_timeout_s=self.repl_wall_timeout_s, memory_mb=self.repl_memory_mb, spawn=self.repl_spawn,
                           containment=self.repl_containment)
         kind = "main" if parent is None else "subagent"
         session = Session(len(trees[tree]), kind, None if parent is None else parent.session.session_id, depth,

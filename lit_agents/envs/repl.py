@@ -1,9 +1,10 @@
 """A sandboxed Python REPL for agents that act by writing code (RAO).
 
 Model code runs in a separate process (`_repl_worker.py`), never in the trainer's: a persistent
-namespace per agent, captured and truncated output, a wall-clock limit (enforced here: the
-worker's process group is killed and a fresh worker started), CPU-time, memory and file-size
-limits (rlimits in the worker), its own session, a cleaned environment, a per-agent temporary
+namespace per agent, captured and truncated output, a time limit per execution counted in the
+worker's CPU seconds and a longer wall-clock backstop (both enforced here: the worker is killed
+and a fresh worker started), CPU-time, memory and file-size limits over the worker's life
+(rlimits in the worker), its own session, a cleaned environment, a per-agent temporary
 work directory, the kernel sandbox below, and an audit hook that names what it refuses
 (processes, signals, sockets, native code, files or directories outside the work directory).
 Every error and every limit breach comes back as text for the model, never as an exception in
@@ -37,7 +38,8 @@ network (seccomp)          ``socket``/``connect``/``bind`` refused (a Unix ``soc
 processes (seccomp)        fork, clone without ``CLONE_THREAD``, exec, ptrace, signals to any
                            other process (Landlock too), namespaces, mounts, raising rlimits,
                            bpf, keyctl, io_uring: ``EPERM``, so the worker lives and says so
-limits (rlimits, trainer)  CPU seconds, address space, file size, open files; wall clock
+limits (rlimits, trainer)  CPU seconds, address space, file size, open files; CPU seconds
+                           and wall clock per execution
 audit hook                 nothing by itself: turns ordinary mistakes into clear messages
 =========================  ===============================================================
 
@@ -83,6 +85,7 @@ log = logging.getLogger(__name__)
 WORKER = Path(__file__).with_name("_repl_worker.py")
 CONTAINMENTS = ("kernel", "python-only")
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _INTERPRETER = [sys.executable, "-I", "-S", "-u", str(WORKER)]  # isolated, no site: the stdlib only
 
 
@@ -198,8 +201,12 @@ class PythonREPL:
     Args:
         tools: names of synchronous tool functions in the namespace.
         async_tools: names of awaitable tool functions (e.g. ``launch_subagent``).
-        timeout_s: wall-clock limit of one execution (tool calls' time included).
-        cpu_s: CPU-seconds limit of the worker process over its life.
+        timeout_s: time limit of one execution in the worker's CPU seconds (all its threads,
+            read from the kernel's accounting in ``/proc``): the same code times out or not
+            whatever else loads the machine. Waiting for tool calls uses none.
+        wall_timeout_s: wall-clock backstop of one execution (time waiting for tool calls
+            excluded), for code that sleeps or blocks and so uses no CPU.
+        cpu_s: CPU-seconds limit of the worker process over its life (``RLIMIT_CPU``).
         memory_mb: address-space limit of the worker.
         file_mb: largest file the code may write.
         max_output_chars: output kept per execution.
@@ -222,6 +229,7 @@ class PythonREPL:
         tools: list[str] | tuple[str, ...] = (),
         async_tools: list[str] | tuple[str, ...] = (),
         timeout_s: float = 10.0,
+        wall_timeout_s: float = 30.0,
         cpu_s: int = 60,
         memory_mb: int = 1024,
         file_mb: int = 16,
@@ -239,7 +247,7 @@ class PythonREPL:
             _warn_once("python-only", "REPL containment 'python-only' (chosen by name): model code runs with the "
                        "trainer's identity behind an audit hook that code owning the interpreter can switch off; "
                        "no kernel sandbox (docs/sandbox.md)")
-        self.timeout_s, self.grace_s, self.spawn = timeout_s, grace_s, spawn
+        self.timeout_s, self.wall_timeout_s, self.grace_s, self.spawn = timeout_s, wall_timeout_s, grace_s, spawn
         self.limits = {"tools": list(tools), "async_tools": list(async_tools), "cpu_s": cpu_s,
                        "memory_mb": memory_mb, "file_mb": file_mb, "max_output_chars": max_output_chars,
                        "containment": containment}
@@ -253,6 +261,8 @@ class PythonREPL:
         self._eof = False
         self._buffer = b""
         self._deadline = 0.0
+        self._cpu_at_submit: float | None = None
+        self._left, self._check_cpu = timeout_s, False  # CPU seconds left at the last reading; read on next poll
         self._paused_at: float | None = None
         self._pending: dict[int, ToolCall] = {}
         self._calls: list[ToolCall] = []
@@ -328,8 +338,8 @@ class PythonREPL:
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
             while b"\n" not in self._buffer:
-                left = deadline - time.monotonic()
-                if left <= 0 or not sel.select(timeout=left):
+                # look at least once: a message already there is not lost to a late caller
+                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
                     return None
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
@@ -357,8 +367,33 @@ class PythonREPL:
         if self.pid is None:
             self._start()
         self._pending, self._calls, self._paused_at = {}, [], None
-        self._deadline = time.monotonic() + self.timeout_s
+        self._deadline = time.monotonic() + self.wall_timeout_s
+        self._cpu_at_submit, self._left, self._check_cpu = self._cpu_seconds(), self.timeout_s, False
         self._write({"op": "exec", "code": code})  # a dead worker shows up in `poll`
+
+    def _cpu_seconds(self) -> float | None:
+        """CPU seconds the worker has used (all its threads, user and system), from the kernel's
+        accounting; None when ``/proc`` does not say (then only the wall clock and the worker's
+        ``RLIMIT_CPU`` bound an execution, and that is logged once)."""
+        if self.pid is None:
+            return None
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as f:
+                stat = f.read()
+            # fields after the command name, which the code may rename (it can hold ")")
+            fields = stat[stat.rindex(b")") + 2:].split()
+            return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
+        except (OSError, ValueError, IndexError, TypeError):
+            _warn_once("cpu", "the REPL cannot read its worker's CPU time from /proc: executions are bounded "
+                              "by the wall clock (wall_timeout_s) and the worker's CPU rlimit (cpu_s) only")
+            return None
+
+    def _cpu_left(self) -> float:
+        """CPU seconds this execution has left (all of ``timeout_s`` when the clock is unknown)."""
+        now = self._cpu_seconds() if self._cpu_at_submit is not None else None
+        used = 0.0 if now is None or self._cpu_at_submit is None else now - self._cpu_at_submit
+        self._left = self.timeout_s - used
+        return self._left
 
     def poll(self) -> list[ToolCall] | ReplResult:
         """Wait until the code needs tool results (the unanswered calls) or has finished.
@@ -368,17 +403,33 @@ class PythonREPL:
         started together under ``asyncio.gather`` come back together), or after ``grace_s``
         without a new call.
         """
+        # the CPU clock is read when a wait runs long, and on resuming code that may have run
+        # while its awaitable calls were out; not on every message (a tool call's round trip)
+        check, self._check_cpu = self._check_cpu, False
         while True:
             if any(not c.is_async for c in self._pending.values()):
                 self._paused_at = time.monotonic()
                 return list(self._pending.values())
-            until = self._deadline if not self._pending else min(self._deadline, time.monotonic() + self.grace_s)
-            message = self._read(until)
+            if check and self._cpu_left() <= 0:
+                return self._broken("cpu")
+            check = False
+            now = time.monotonic()
+            until = self._deadline if not self._pending else min(self._deadline, now + self.grace_s)
+            # look at the CPU clock again after at most the CPU time left (one thread cannot
+            # use more in that wall time), and at least every second (threads can)
+            message = self._read(min(until, now + min(1.0, max(0.01, self._left))))
             if message is None:
-                if self._pending and not self._eof and time.monotonic() < self._deadline:
-                    self._paused_at = time.monotonic()
+                if self._eof:
+                    return self._broken()
+                if self._cpu_left() <= 0:
+                    return self._broken("cpu")
+                now = time.monotonic()
+                if now >= self._deadline:
+                    return self._broken("wall")
+                if self._pending and now >= until:
+                    self._paused_at = now
                     return list(self._pending.values())
-                return self._broken()
+                continue
             if message["op"] == "call":
                 call = ToolCall(message["id"], message["name"], message["args"], message["kwargs"], message["async"])
                 self._pending[call.call_id] = call
@@ -391,21 +442,24 @@ class PythonREPL:
 
     def respond(self, call_id: int, value: Any = None, error: str | None = None) -> None:
         """Answer a tool call (``error``: raised in the code as ``ToolError``). The time the code
-        waited for its calls does not count against ``timeout_s``."""
+        waited for its calls does not count against ``wall_timeout_s``."""
         self._pending.pop(call_id, None)
         if self._paused_at is not None and not self._pending:
+            self._check_cpu = any(c.is_async for c in self._calls)
             self._deadline += time.monotonic() - self._paused_at
             self._paused_at = None
         message = {"op": "result", "id": call_id}
         message.update({"error": error} if error is not None else {"value": value})
         self._write(message)
 
-    def _broken(self) -> ReplResult:
+    def _broken(self, timeout: Literal["cpu", "wall"] | None = None) -> ReplResult:
         """Timeout or a dead worker (CPU or memory limit, a crash): kill, restart, report."""
-        died, timed_out = self._eof, time.monotonic() >= self._deadline and not self._eof
+        died = self._eof
         code = self._kill()  # a worker that died by itself keeps the code it died with
-        if timed_out:
-            why = f"TimeoutError: the code ran past {self.timeout_s:g} s"
+        if timeout == "cpu":
+            why = f"TimeoutError: the code used more than {self.timeout_s:g} s of CPU time"
+        elif timeout == "wall":
+            why = f"TimeoutError: the code ran past {self.wall_timeout_s:g} s (wall clock)"
         elif died and code is not None and code < 0:
             why = f"the REPL process was killed by {signal.Signals(-code).name} (a CPU, memory or crash limit)"
         else:
