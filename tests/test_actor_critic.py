@@ -45,6 +45,27 @@ def test_offline_trains_executor_only_and_heads(tiny_config, textcraft, tmp_path
     assert any(not r.meta["met"] for r in data.rows)  # the noisy half gives failures to learn from
 
 
+def test_offline_data_can_add_the_starting_policys_own_episodes(tiny_config, textcraft, tmp_path):
+    """``behavior_episodes``: the policy plays train tasks itself before the first step, and its
+    episodes (failures included: an untrained policy fails them all) join the demonstrations."""
+    policy = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
+    module = System2ActorCritic(policy, phase="offline", lr=1e-2, critic_lr=1e-2, head_width=16)
+    data = DemonstrationDataModule(textcraft, _agent(short=True), demos=2, val_tasks=2, max_tokens_per_batch=2048,
+                                   behavior_episodes=3, behavior_chunk=2)
+    played = []
+    real = data.behavior_rollouts
+    data.behavior_rollouts = lambda: played.extend(real()) or played
+    _trainer(tmp_path).fit(module, datamodule=data)
+    assert len(played) == 3 and not any(r.success for r in played)
+    sampled = [c for r in played for s in r.sessions for c in s.calls]
+    assert sampled and all(any(lp != 0 for lp in c.logprobs) for c in sampled)  # the sampler's, not a replay's
+    behavior = module.demonstration_rows(played)
+    assert behavior and len(data.rows) == len(module.demonstration_rows(data.demonstrations())) + len(behavior)
+    assert not any(r.meta["met"] for r in behavior)
+    with pytest.raises(ValueError, match="behavior_episodes"):
+        DemonstrationDataModule(textcraft, _agent(), behavior_episodes=-1)
+
+
 def test_targets_move_by_polyak_only(tiny_config):
     module = System2ActorCritic(AgentPolicy(tiny=tiny_config, roles=["executor"], lora_r=4), tau=0.25, head_width=8)
     target = [p.clone() for p in module.q_target.parameters()]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.strategies import FSDPStrategy
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 
 from lit_agents.agents.base import Agent
@@ -418,6 +418,13 @@ class DemonstrationDataModule(AgentDataModule):
         renamed: fraction of the demonstrations replayed in a world whose entity names the env
             shuffles (`TextEnv.rename`): the policy must then read a task's names off the prompt
             instead of memorising each train task, which is what carries it to unseen tasks.
+        behavior_episodes: episodes the policy being trained plays itself before training
+            (sampled at the agent's temperature, on train tasks in another shuffled order), added
+            to the demonstrations with their failures: the behavior policy's data an offline
+            actor-critic from an SFT start learns which of its own actions to keep from. Played
+            at the first epoch of each fit (on the model's device; a resumed fit plays the resumed
+            policy), ``behavior_chunk`` tasks at a time; how many succeeded is logged.
+        behavior_chunk: tasks per rollout call when playing ``behavior_episodes``.
     """
 
     def __init__(
@@ -437,8 +444,15 @@ class DemonstrationDataModule(AgentDataModule):
         packing: bool = False,
         pack_length: int | None = None,
         renamed: float = 0.0,
+        behavior_episodes: int = 0,
+        behavior_chunk: int = 64,
     ) -> None:
         super().__init__(env, agent, val_tasks, val_greedy, val_chunk, seed, val_split=val_split)
+        if behavior_episodes < 0 or behavior_chunk < 1:
+            raise ValueError(f"behavior_episodes must be >= 0 and behavior_chunk >= 1, got {behavior_episodes}, "
+                             f"{behavior_chunk}")
+        self.behavior_episodes, self.behavior_chunk = behavior_episodes, behavior_chunk
+        self._behavior_pending = False
         if not 0.0 <= renamed <= 1.0:
             raise ValueError(f"renamed must be in [0, 1], got {renamed}")
         if renamed and type(env).rename is TextEnv.rename:
@@ -496,13 +510,34 @@ class DemonstrationDataModule(AgentDataModule):
         return [play(self.env, t, self.epsilon if self._is_noisy(i) else 0.0, seed=self.seed + i)
                 for i, t in enumerate(tasks)]
 
+    def behavior_rollouts(self) -> list[Rollout]:
+        """This rank's share of ``behavior_episodes``: the policy's own sampled episodes on
+        train tasks (cycling through another shuffled order than the demonstrations')."""
+        if not self.behavior_episodes:
+            return []
+        tasks = list(self.env.tasks("train"))
+        random.Random(f"behavior/{self.seed}").shuffle(tasks)
+        tasks = self.rank_share([tasks[i % len(tasks)] for i in range(self.behavior_episodes)])
+        offset = self.world[0] * self.behavior_episodes
+        rollouts: list[Rollout] = []
+        for k, start in enumerate(range(0, len(tasks), self.behavior_chunk)):
+            rollouts += self.play(tasks[start : start + self.behavior_chunk], 1, greedy=False, seed=-1 - k,
+                                  group_offset=offset + start)
+        rank_zero_info(f"behavior data: {len(rollouts)} episodes of the starting policy, "
+                       f"{sum(r.success for r in rollouts)} succeeded")
+        return rollouts
+
     def setup(self, stage: str) -> None:
         super().setup(stage)
         if stage == "fit" and not self.rows:
             rollouts = self.rank_share(self.demonstrations())
             self.rows = self.trainer.lightning_module.demonstration_rows(rollouts)
+            self._behavior_pending = bool(self.behavior_episodes)  # played on the model's device
 
     def train_dataloader(self) -> DataLoader:
+        if self._behavior_pending:  # before the first step: the starting policy
+            self._behavior_pending = False
+            self.rows += self.trainer.lightning_module.demonstration_rows(self.behavior_rollouts())
         rows = list(self.rows)
         random.Random(self.seed * 31 + self.trainer.current_epoch).shuffle(rows)
         batches = self.token_batches(rows)
