@@ -187,6 +187,22 @@ def test_cpu_burned_while_tool_calls_are_out_counts():
         assert time.monotonic() - started < 1.0
 
 
+def test_awaitable_calls_come_back_after_grace_even_when_the_cpu_clock_is_read_sooner():
+    """A call the code leaves out while it keeps busy without CPU (here a sleep, so the event
+    loop never idles to say it waits) comes back after ``grace_s`` of quiet, although the CPU
+    clock is read more often than that (``timeout_s`` < ``grace_s``)."""
+    import time
+
+    with PythonREPL(async_tools=["launch_subagent"], timeout_s=0.3, wall_timeout_s=30.0, grace_s=0.5) as r:
+        r.submit("import time\ntask = asyncio.ensure_future(launch_subagent('child'))\nawait asyncio.sleep(0)\n"
+                 "time.sleep(4)\nprint(await task)")
+        started = time.monotonic()
+        (call,) = r.poll()
+        assert time.monotonic() - started < 3.0  # grace_s after the call, not the 4-s sleep
+        r.respond(call.call_id, value="child done")
+        assert r.poll().observation() == "child done"
+
+
 def test_without_the_cpu_clock_the_wall_clock_still_bounds_an_execution(monkeypatch):
     """Where /proc does not give the worker's CPU time, the wall-clock backstop stops a busy loop."""
     monkeypatch.setattr(PythonREPL, "_cpu_seconds", lambda self: None)

@@ -406,6 +406,7 @@ class PythonREPL:
         # the CPU clock is read when a wait runs long, and on resuming code that may have run
         # while its awaitable calls were out; not on every message (a tool call's round trip)
         check, self._check_cpu = self._check_cpu, False
+        heard = time.monotonic()  # the last message: awaitable calls come back after grace_s of quiet
         while True:
             if any(not c.is_async for c in self._pending.values()):
                 self._paused_at = time.monotonic()
@@ -414,7 +415,7 @@ class PythonREPL:
                 return self._broken("cpu")
             check = False
             now = time.monotonic()
-            until = self._deadline if not self._pending else min(self._deadline, now + self.grace_s)
+            until = self._deadline if not self._pending else min(self._deadline, heard + self.grace_s)
             # look at the CPU clock again after at most the CPU time left (one thread cannot
             # use more in that wall time), and at least every second (threads can)
             message = self._read(min(until, now + min(1.0, max(0.01, self._left))))
@@ -430,6 +431,7 @@ class PythonREPL:
                     self._paused_at = now
                     return list(self._pending.values())
                 continue
+            heard = time.monotonic()
             if message["op"] == "call":
                 call = ToolCall(message["id"], message["name"], message["args"], message["kwargs"], message["async"])
                 self._pending[call.call_id] = call
