@@ -203,6 +203,17 @@ class AgentDataModule(LightningDataModule):
             policy.train(was_training)
         return rollouts
 
+    def play_chunks(self, tasks: list[Task], group_size: int, chunk: int, *, seed: int, seed_step: int,
+                    group_offset: int = 0, policy: AgentPolicy | None = None,
+                    trainer: Trainer | None = None) -> list[Rollout]:
+        """Sampled rollouts of ``tasks`` (`play`), ``chunk`` tasks per call so that only a chunk's
+        episodes hold their KV caches at once; chunk k is seeded ``seed + k * seed_step``."""
+        rollouts: list[Rollout] = []
+        for k, start in enumerate(range(0, len(tasks), chunk)):
+            rollouts += self.play(tasks[start : start + chunk], group_size, greedy=False, seed=seed + k * seed_step,
+                                  group_offset=group_offset + start, policy=policy, trainer=trainer)
+        return rollouts
+
     def _write(self, rollouts: list[Rollout], split: str) -> None:
         if not self.save_rollouts or self.trainer is None or self.trainer.log_dir is None:
             return
@@ -363,11 +374,9 @@ class RolloutDataModule(AgentDataModule):
         tasks = self.epoch_tasks(epoch)
         offset = self.world[0] * self.tasks_per_epoch
         chunk = self.rollout_chunk or max(len(tasks), 1)
-        rollouts: list[Rollout] = []
-        for k, start in enumerate(range(0, len(tasks), chunk)):  # chunk 0 keeps the one-call seed
-            rollouts += self.play(tasks[start : start + chunk], self.group_size, greedy=False, seed=epoch + (k << 24),
-                                  group_offset=offset + start, policy=policy, trainer=trainer)
-        return rollouts
+        # chunk 0 keeps the seed of one call for the whole epoch
+        return self.play_chunks(tasks, self.group_size, chunk, seed=epoch, seed_step=1 << 24, group_offset=offset,
+                                policy=policy, trainer=trainer)
 
     def train_dataloader(self) -> DataLoader:
         module = self.trainer.lightning_module
@@ -518,11 +527,8 @@ class DemonstrationDataModule(AgentDataModule):
         tasks = list(self.env.tasks("train"))
         random.Random(f"behavior/{self.seed}").shuffle(tasks)
         tasks = self.rank_share([tasks[i % len(tasks)] for i in range(self.behavior_episodes)])
-        offset = self.world[0] * self.behavior_episodes
-        rollouts: list[Rollout] = []
-        for k, start in enumerate(range(0, len(tasks), self.behavior_chunk)):
-            rollouts += self.play(tasks[start : start + self.behavior_chunk], 1, greedy=False, seed=-1 - k,
-                                  group_offset=offset + start)
+        rollouts = self.play_chunks(tasks, 1, self.behavior_chunk, seed=-1, seed_step=-1,  # apart from epochs' seeds
+                                    group_offset=self.world[0] * self.behavior_episodes)
         rank_zero_info(f"behavior data: {len(rollouts)} episodes of the starting policy, "
                        f"{sum(r.success for r in rollouts)} succeeded")
         return rollouts
