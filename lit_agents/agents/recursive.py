@@ -119,9 +119,9 @@ class RecursiveAgent(Agent):
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.max_depth, self.max_steps, self.max_nodes = max_depth, max_steps, max_nodes
         self.recursive, self.look_first, self.max_context_tokens = recursive, look_first, max_context_tokens
-        self.repl_timeout_s, self.repl_memory_mb, self.repl_spawn = repl_timeout_s, repl_memory_mb, repl_spawn
+        self.repl_timeout_s, self.repl_wall_timeout_s = repl_timeout_s, repl_wall_timeout_s
+        self.repl_memory_mb, self.repl_spawn, self.repl_containment = repl_memory_mb, repl_spawn, repl_containment
         self.system_prompt, self.show_progress = system_prompt, show_progress
-        self.repl_containment, self.repl_wall_timeout_s = repl_containment, repl_wall_timeout_s
 
     # ------------------------------------------------------------------ extension points
     def system_text(self, env: TextEnv) -> str:

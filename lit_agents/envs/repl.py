@@ -390,9 +390,9 @@ class PythonREPL:
 
     def _cpu_left(self) -> float:
         """CPU seconds this execution has left (all of ``timeout_s`` when the clock is unknown)."""
-        now = self._cpu_seconds() if self._cpu_at_submit is not None else None
-        used = 0.0 if now is None or self._cpu_at_submit is None else now - self._cpu_at_submit
-        self._left = self.timeout_s - used
+        start = self._cpu_at_submit
+        now = None if start is None else self._cpu_seconds()
+        self._left = self.timeout_s - (0.0 if start is None or now is None else now - start)
         return self._left
 
     def poll(self) -> list[ToolCall] | ReplResult:
