@@ -160,9 +160,24 @@ def resolve_model(name_or_path: str | os.PathLike) -> ModelSource:
 
 
 # ----------------------------------------------------------------------------------- loading
-def _cache_root() -> Path:
-    # same convention as lit_agents.tiny.cache_root (tests point it at a temporary folder)
+def cache_root() -> Path:
+    """Where built and converted models are cached: ``$LIT_AGENTS_CACHE``, else
+    ``~/.cache/lit_agents`` (tests point it at a temporary folder)."""
     return Path(os.environ.get("LIT_AGENTS_CACHE", Path.home() / ".cache" / "lit_agents"))
+
+
+def save_pretrained_atomically(model: Any, tokenizer: Any, folder: Path) -> None:
+    """Write ``model`` and ``tokenizer`` to a private folder, then rename it to ``folder``, so a
+    concurrent or killed writer never leaves half a model behind. If another process finished
+    first, its folder is kept and this one's copy is dropped."""
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.replace(folder)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _dense_gguf_config() -> Any:
@@ -282,21 +297,14 @@ def convert_gguf(source: ModelSource | str, folder: str | os.PathLike | None = N
         ident = f"{local.resolve()}:{local.stat().st_size}:{local.stat().st_mtime_ns}" if local.is_file() \
             else f"{source.path}/{source.gguf_file}"
         key = hashlib.sha256(ident.encode()).hexdigest()[:12]
-        folder = _cache_root() / "gguf" / f"{Path(source.gguf_file).stem}-{key}"
+        folder = cache_root() / "gguf" / f"{Path(source.gguf_file).stem}-{key}"
     folder = Path(folder)
     if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
         return ModelSource(str(folder))
     model, tokenizer = load_pretrained(source, dtype=torch.float32, padding_side=None)
     if folder.exists():  # a half-written folder from an older, interrupted conversion
         shutil.rmtree(folder, ignore_errors=True)
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    try:
-        tmp.replace(folder)
-    except OSError:  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
+    save_pretrained_atomically(model, tokenizer, folder)
     return ModelSource(str(folder))
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from transformers import (
 from lit_agents.envs.repl import LAUNCH_DOC
 from lit_agents.envs.textcraft import TextCraft
 from lit_agents.envs.textcraft_synth import TextCraftSynth
+from lit_agents.models import cache_root, save_pretrained_atomically
 
 PAD, END, SYSTEM, USER, ASSISTANT = "<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"
 SPECIAL_TOKENS = [PAD, END, SYSTEM, USER, ASSISTANT]
@@ -158,10 +158,6 @@ def build_model(tokenizer: PreTrainedTokenizerFast, cfg: TinyConfig) -> PreTrain
         return model_cls(config_cls(**common))
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("LIT_AGENTS_CACHE", Path.home() / ".cache" / "lit_agents"))
-
-
 def embedded_default(cfg: TinyConfig | None = None, path: str | os.PathLike | None = None) -> str:
     """Build (once) and return the folder of the embedded default model + tokenizer.
 
@@ -176,13 +172,5 @@ def embedded_default(cfg: TinyConfig | None = None, path: str | os.PathLike | No
         return str(folder)
     tokenizer = build_tokenizer(default_corpus(cfg.corpus), cfg.vocab_size, cfg.space_tokens)
     model = build_model(tokenizer, cfg)
-    # write to a private folder then rename, so a concurrent or killed build never leaves half
-    # a model behind
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    try:
-        tmp.replace(folder)
-    except OSError:  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
+    save_pretrained_atomically(model, tokenizer, folder)
     return str(folder)
