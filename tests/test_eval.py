@@ -171,6 +171,42 @@ def test_rao_trees_reads_a_full_fine_tuning_run(tmp_path):
                        trained.model.policy.model.get_output_embeddings().weight)
 
 
+def test_multi2_roles_plays_each_role_by_model_or_expert(tmp_path):
+    """`benchmarks/multi2_roles.py` on a Multi2 stage's log folder: the four arms play the same
+    tasks, the experts' arm solves what the offline expert solves, an untrained model solves
+    none, and the report lands in roles.json."""
+    config = yaml.safe_load((CONFIGS / "multi2" / "system1_sft.yaml").read_text())
+    config["model"]["init_args"]["policy"]["init_args"].update(
+        model="tiny", tiny={"hidden_size": 32, "num_layers": 1, "intermediate_size": 64, "num_heads": 2,
+                            "num_kv_heads": 1})
+    config["data"]["init_args"]["agent"]["init_args"].update(max_new_tokens=6, plan_tokens=6)
+    log_dir = tmp_path / "system2_warmup" / "version_0"
+    log_dir.mkdir(parents=True)
+    (log_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    LoRACheckpoint().save(evaluate.build([log_dir / "config.yaml"]).model, log_dir / "adapters" / "last")
+
+    spec = importlib.util.spec_from_file_location("multi2_roles", ROOT / "benchmarks" / "multi2_roles.py")
+    multi2_roles = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(multi2_roles)
+    report = multi2_roles.main([str(log_dir), "--splits", "val", "--tasks", "3"])["val"]
+    assert list(report) == list(multi2_roles.ARMS)
+    assert all(arm["episodes"] == 3 for arm in report.values())
+    cli = evaluate.build([log_dir / "config.yaml"])
+    tasks = evaluate.held_out(cli, "val", 3, cli.datamodule.seed)
+    expert = [cli.datamodule.agent.expert_episode(cli.datamodule.env, t).success for t in tasks]
+    assert report["expert / expert"]["success"] == pytest.approx(sum(expert) / 3) and any(expert)
+    assert report["model / model"]["success"] == 0.0
+    assert report["expert / expert"]["subgoals_met"] > report["model / model"]["subgoals_met"]
+    assert json.loads((log_dir / "roles.json").read_text()) == {"val": report}
+
+    # a first try: not the subgoal just missed again
+    tries = [("craft 2 a", False), ("craft 2 a", False), ("craft 2 a", True), ("craft 2 a", True), ("craft 1 b", False)]
+    sessions = [Session(i, goal=g, success=met, meta={"role": "executor"}) for i, (g, met) in enumerate(tries)]
+    rollout = Rollout("t", 0, [Session(9, meta={"role": "planner"}), *sessions], 0.0, False)
+    assert [s.session_id for s in multi2_roles.first_tries(rollout)] == [0, 3, 4]
+    assert multi2_roles.arm_stats([rollout])["first_tries_met"] == pytest.approx(1 / 3)
+
+
 def _rollout(success: bool, depths: list[int], generated: int) -> Rollout:
     sessions = [Session(i, "subagent" if d else "main", 0 if d else None, d,
                         [Call([1, 2], [3] * generated, [0.0] * generated)]) for i, d in enumerate(depths)]

@@ -75,3 +75,36 @@ def test_live_rollouts_batch_roles_and_record_transitions(textcraft, policy):
                 assert len(s.calls) == 1 and s.calls[0].role == "planner"
     greedy = [r.to_dict() for r in agent.run(policy, textcraft, tasks[:1], greedy=True)]
     assert greedy == [r.to_dict() for r in agent.run(policy, textcraft, tasks[:1], greedy=True)]
+
+
+def test_expert_roles_in_live_episodes(textcraft, policy):
+    """Either role can be played by the env's experts (role ablations): both experts solve what
+    the offline expert solves, an expert planner's subgoals are the expert's while the untrained
+    executor still samples, and an expert executor acts on the untrained planner's subgoals."""
+    tasks = textcraft.tasks("train")[:4]
+    both = HierarchicalAgent(expert_planner=True, expert_executor=True).run(policy, textcraft, tasks, greedy=True)
+    offline = [HierarchicalAgent().expert_episode(textcraft, t) for t in tasks]
+    assert [r.success for r in both] == [e.success for e in offline] and any(r.success for r in both)
+    for r, e in zip(both, offline):
+        assert [s.goal for s in r.sessions if s.meta["role"] == "executor"] == \
+            [n["subgoal"] for n in e.subgoals if n["start"]]
+        assert all(lp == 0.0 for s in r.sessions for c in s.calls for lp in c.logprobs)
+
+    agent = HierarchicalAgent(expert_planner=True, max_new_tokens=8, max_subgoals=2, max_subgoal_steps=2, max_steps=4)
+    r = agent.run(policy, textcraft, tasks[1:2], seed=3)[0]
+    planned = [s for s in r.sessions if s.meta["role"] == "planner"]
+    assert planned[0].calls[0].completion_text == textcraft.expert_subgoal(textcraft.reset(tasks[1])[0])
+    assert all(lp == 0.0 for s in planned for lp in s.calls[0].logprobs)
+    executed = [c for s in r.sessions if s.meta["role"] == "executor" for c in s.calls]
+    assert executed and all(c.role == "executor" for c in executed)
+    assert any(lp != 0.0 for c in executed for lp in c.logprobs)  # the model sampled them
+
+    agent = HierarchicalAgent(expert_executor=True, plan_tokens=8, max_subgoals=2, max_subgoal_steps=3, max_steps=6)
+    r = agent.run(policy, textcraft, tasks[1:2], seed=3)[0]
+    planned = [s.calls[0] for s in r.sessions if s.meta["role"] == "planner"]
+    assert any(lp != 0.0 for c in planned for lp in c.logprobs)  # the model planned
+    for s in r.sessions:
+        if s.meta["role"] == "executor":
+            for c in s.calls:
+                action, _ = agent.parse_action(c.completion_text)
+                assert action == "inventory" or action.startswith(("get ", "craft "))

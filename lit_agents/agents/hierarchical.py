@@ -77,6 +77,12 @@ class HierarchicalAgent(Agent):
         planner_system, executor_system: system prompts (empty: a model trained from scratch on
             demonstrations needs none).
         show_progress: a progress bar over decode steps.
+        expert_planner, expert_executor: the env's subgoal expert (``expert_subgoal``) writes
+            the subgoals, or its executor (``expert_subgoal_action``) the actions, instead of the
+            model, in live episodes: ablations that tell which role an agent's failures come
+            from (`benchmarks/multi2_roles.py`). Expert turns are recorded with log-prob 0, as
+            demonstrations are; an expert executor with nothing to do for a subgoal (met already,
+            unparsable, not in the goal's plan) answers ``inventory; done``.
     """
 
     def __init__(
@@ -95,6 +101,8 @@ class HierarchicalAgent(Agent):
         planner_system: str = "",
         executor_system: str = "",
         show_progress: bool = False,
+        expert_planner: bool = False,
+        expert_executor: bool = False,
     ) -> None:
         self.max_new_tokens, self.plan_tokens = max_new_tokens, plan_tokens
         self.temperature, self.planner_temperature, self.top_p = temperature, planner_temperature, top_p
@@ -103,6 +111,7 @@ class HierarchicalAgent(Agent):
         self.planner_role, self.executor_role = planner_role, executor_role
         self.planner_system, self.executor_system = planner_system, executor_system
         self.show_progress = show_progress
+        self.expert_planner, self.expert_executor = expert_planner, expert_executor
 
     # ------------------------------------------------------------------ text formats (override)
     def planner_prompt(self, task_text: str, observation: str, previous: tuple[str, list[str], bool] | None) -> str:
@@ -166,16 +175,23 @@ class HierarchicalAgent(Agent):
             planners = [e for e in live if e.planning]
             if planners:
                 cursors = [self._planner_cursor(policy, e) for e in planners]
-                with _as_role(policy, self.planner_role):
-                    texts = sample_turns(policy, engine, cursors, plan_params, generator, policy_version,
-                                         self.planner_role)
+                if self.expert_planner:
+                    texts = [write_turn(policy, c, env.expert_subgoal(e.state), self.planner_role)
+                             for e, c in zip(planners, cursors)]
+                else:
+                    with _as_role(policy, self.planner_role):
+                        texts = sample_turns(policy, engine, cursors, plan_params, generator, policy_version,
+                                             self.planner_role)
                 for e, cursor, text in zip(planners, cursors, texts):
                     self._plan(policy, e, cursor.session.calls[0], self.parse_subgoal(text))
             actors = [e for e in live if not e.planning and not e.done]
             if actors:
-                with _as_role(policy, self.executor_role):
-                    texts = sample_turns(policy, engine, actors, act_params, generator, policy_version,
-                                         self.executor_role)
+                if self.expert_executor:
+                    texts = [write_turn(policy, e, self._expert_action(env, e), self.executor_role) for e in actors]
+                else:
+                    with _as_role(policy, self.executor_role):
+                        texts = sample_turns(policy, engine, actors, act_params, generator, policy_version,
+                                             self.executor_role)
                 for e, text in zip(actors, texts):
                     action, flag = self.parse_action(text)
                     result = step_env(env, e.state, action, e.task)
@@ -186,6 +202,12 @@ class HierarchicalAgent(Agent):
                     self._act(policy, e, action, flag, result, met, self.max_steps or env.max_steps)
             live = [e for e in live if not e.done]
         return [self._finish(e) for e in episodes]
+
+    def _expert_action(self, env: TextEnv, e: _Episode) -> str:
+        """The env's executor expert's turn for ``e``'s subgoal (``inventory; done`` when it has
+        nothing to do: control goes back to the planner)."""
+        action = env.expert_subgoal_action(e.state, e.subgoal)
+        return self.format_action(action, action == "inventory")
 
     def _planner_cursor(self, policy: AgentPolicy, e: _Episode) -> Cursor:
         """A planner call's cursor: a fresh context on the task, the latest observation and the
