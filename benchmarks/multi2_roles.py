@@ -10,7 +10,7 @@ with each role played by the model or by the env's subgoal experts (`Hierarchica
 Also per arm: the share of subgoals met (of all tries, and of first tries: a planner may set a
 missed subgoal again), and subgoals and steps per episode. Reads a
 `lit-agents multi2` stage's log folder (its ``config.yaml`` and ``adapters/last``); writes
-``<log_dir>/roles.json``.
+``<log_dir>/roles.json`` (adding to what earlier runs on other splits or arms wrote there).
 
     python benchmarks/multi2_roles.py runs/multi2/system2_warmup/version_0 [--splits val test] [--tasks 50]
     python benchmarks/multi2_roles.py runs/multi2/system2_offline/version_0 --arms 0 1   # the executor's arms
@@ -77,7 +77,11 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{stats['subgoals_met'] * 100:5.1f}% (first tries {stats['first_tries_met'] * 100:5.1f}%)  "
                   f"subgoals {stats['subgoals']:4.1f}  steps {stats['steps']:4.1f}  ({stats['episodes']} episodes)",
                   flush=True)
-    (args.log_dir / "roles.json").write_text(json.dumps(report, indent=2))
+    saved = args.log_dir / "roles.json"  # earlier splits and arms are kept, these replaced
+    merged = json.loads(saved.read_text()) if saved.exists() else {}
+    for split, arms in report.items():
+        merged.setdefault(split, {}).update(arms)
+    saved.write_text(json.dumps(merged, indent=2))
     return report
 
 

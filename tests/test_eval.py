@@ -198,6 +198,9 @@ def test_multi2_roles_plays_each_role_by_model_or_expert(tmp_path):
     assert report["model / model"]["success"] == 0.0
     assert report["expert / expert"]["subgoals_met"] > report["model / model"]["subgoals_met"]
     assert json.loads((log_dir / "roles.json").read_text()) == {"val": report}
+    again = multi2_roles.main([str(log_dir), "--splits", "val", "--tasks", "3", "--arms", "0"])["val"]
+    assert list(again) == ["model / model"]
+    assert json.loads((log_dir / "roles.json").read_text()) == {"val": report}  # the other arms kept
 
     # a first try: not the subgoal just missed again
     tries = [("craft 2 a", False), ("craft 2 a", False), ("craft 2 a", True), ("craft 2 a", True), ("craft 1 b", False)]
