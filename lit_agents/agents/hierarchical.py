@@ -82,7 +82,9 @@ class HierarchicalAgent(Agent):
             model, in live episodes: ablations that tell which role an agent's failures come
             from (`benchmarks/multi2_roles.py`). Expert turns are recorded with log-prob 0, as
             demonstrations are; an expert executor with nothing to do for a subgoal (met already,
-            unparsable, not in the goal's plan) answers ``inventory; done``.
+            unparsable, not in the goal's plan) answers ``inventory; done``. In training
+            rollouts only ``expert_planner`` fits System 2's online stage (its planner is
+            frozen): the executor still samples what it learns from.
     """
 
     def __init__(
