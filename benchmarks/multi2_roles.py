@@ -32,10 +32,15 @@ ARMS = {  # name: (expert planner, expert executor)
 }
 
 
+def executor_sessions(rollout) -> list:
+    """The executor sessions of ``rollout``, in order (one per subgoal tried)."""
+    return [s for s in rollout.sessions if s.meta.get("role") == "executor"]
+
+
 def first_tries(rollout) -> list:
     """The executor sessions of ``rollout`` that are a subgoal's first try: not the same subgoal
     again right after it was missed (an expert planner repeats a missed subgoal)."""
-    sessions = [s for s in rollout.sessions if s.meta.get("role") == "executor"]
+    sessions = executor_sessions(rollout)
     return [s for i, s in enumerate(sessions)
             if i == 0 or sessions[i - 1].success or sessions[i - 1].goal != s.goal]
 
@@ -43,7 +48,7 @@ def first_tries(rollout) -> list:
 def arm_stats(rollouts) -> dict[str, float]:
     """Success, the share of subgoals met (all tries, and first tries only), and subgoals and
     env steps per episode."""
-    executor = [s for r in rollouts for s in r.sessions if s.meta.get("role") == "executor"]
+    executor = [s for r in rollouts for s in executor_sessions(r)]
     first = [s for r in rollouts for s in first_tries(r)]
     n = max(1, len(rollouts))
     return dict(
