@@ -106,5 +106,6 @@ def test_expert_roles_in_live_episodes(textcraft, policy):
     for s in r.sessions:
         if s.meta["role"] == "executor":
             for c in s.calls:
-                action, _ = agent.parse_action(c.completion_text)
+                action, done = agent.parse_action(c.completion_text)
                 assert action == "inventory" or action.startswith(("get ", "craft "))
+                assert done == (action == "inventory")  # nothing to do: back to the planner
