@@ -182,7 +182,8 @@ def test_online_v_baseline_ranks_one_action_episodes_the_episode_mean_cannot(tin
         assert adv[0] > 0.15 and adv[1] < -0.4
 
 
-def test_online_kl_to_offline_executor_is_zero_at_first_step(tiny_config, textcraft, tmp_path):
+def _online_policy(tiny_config, tmp_path):
+    """A planner, a trainable executor and its frozen copy ``executor_offline``, as online stages load them."""
     first = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
     folder = tmp_path / "adapters"
     for role in ("planner", "executor"):
@@ -191,6 +192,11 @@ def test_online_kl_to_offline_executor_is_zero_at_first_step(tiny_config, textcr
     policy.load_role("planner", folder / "planner")
     policy.load_role("executor", folder / "executor", trainable=True)
     policy.load_role("executor_offline", folder / "executor")
+    return policy
+
+
+def test_online_kl_to_offline_executor_is_zero_at_first_step(tiny_config, textcraft, tmp_path):
+    policy = _online_policy(tiny_config, tmp_path)
     from lit_agents.data.demos import write_episodes
 
     seed = tmp_path / "offline.jsonl"
@@ -325,3 +331,74 @@ def test_online_checkpoint_restores_heads_buffer_and_counters(tiny_config, textc
     assert restored["buffer"] == saved["buffer"] and restored["rng"] == saved["rng"]
     assert restored["batches"] == saved["batches"]
     assert all(restored["optimizers"])  # Adam moments for both optimizers
+
+
+def _subgoal_rollout(group, first_prompt, met):
+    """A hierarchical rollout: a planner session, then one executor subgoal episode whose first
+    prompt is ``first_prompt`` and which meets its subgoal or not."""
+    from lit_agents.types import Call, Rollout, Session
+
+    planner = Session(0, calls=[Call([5, 6], [7], [-0.1], role="planner")], meta={"role": "planner"})
+    calls = [Call(list(first_prompt), [8, 9], [-0.2, -0.3], role="executor"), Call([4], [10], [-0.4], role="executor")]
+    executor = Session(1, calls=calls, success=met,
+                       meta={"role": "executor", "rewards": [0.0, float(met)], "dones": [0.0, 1.0]})
+    return Rollout(f"t{group}", group, [planner, executor], reward=float(met), success=met)
+
+
+def test_system2_grpo_scores_each_subgoal_episode_against_those_from_the_same_state(tiny_config):
+    """Episodes that started from the same executor prompt form a group: a met one gets A > 0, a
+    missed one A < 0, on its executor tokens only; a group of one, or of equal scores, trains nothing;
+    planner sessions never give rows."""
+    from lit_agents.modules import System2GRPO
+
+    policy = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
+    module = System2GRPO(policy)
+    rollouts = [_subgoal_rollout(0, [1, 2], True), _subgoal_rollout(0, [1, 2], False),
+                _subgoal_rollout(0, [1, 2], False),  # the same state and subgoal: a group with a signal
+                _subgoal_rollout(1, [3], True),  # alone: no comparison
+                _subgoal_rollout(2, [2, 2], True), _subgoal_rollout(2, [2, 2], True)]  # equal scores
+    rows = module.rollouts_to_rows(rollouts)
+    assert [r.meta["rollout"] for r in rows] == [0, 1, 2]
+    assert all(r.role == "executor" and r.meta["session"] == 1 for r in rows)
+    met, *missed = rows
+    assert met.meta["advantage"] > 0 > missed[0].meta["advantage"] == missed[1].meta["advantage"]
+    trained = [a for a, m in zip(met.advantages, met.action_mask) if m]
+    assert len(trained) == 3 and set(trained) == {met.meta["advantage"]}
+    assert not any(a for a, m in zip(met.advantages, met.action_mask) if not m)
+    # without the filter the signal-free episodes give rows too, with advantage 0
+    everything = System2GRPO(policy, drop_zero_signal=False).rollouts_to_rows(rollouts)
+    assert len(everything) == 6 and [r.meta["advantage"] for r in everything[3:]] == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="not a role of the policy"):
+        System2GRPO(policy, role="nope")
+
+
+def test_system2_grpo_online_fit_trains_the_executor_only_with_its_kl_anchor(tiny_config, textcraft, tmp_path):
+    from lit_agents.modules import System2GRPO
+
+    policy = _online_policy(tiny_config, tmp_path)
+
+    class FirstWins(System2GRPO):  # an untrained executor meets no subgoal: the first of each group scores 1
+        def subgoal_rewards(self, episodes):
+            groups = self.subgoal_groups(episodes).tolist()
+            return torch.tensor([float(g not in groups[:n]) for n, g in enumerate(groups)])
+
+    module = FirstWins(policy, lr=1e-2)
+    data = RolloutDataModule(textcraft, _agent(short=True), tasks_per_epoch=2, group_size=3, val_tasks=0)
+    planner, executor = _params(policy, "planner"), _params(policy, "executor")
+    kl = []
+
+    class Spy(KLAnchor):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            kl.append(float(trainer.callback_metrics["train/kl"]))
+
+    trainer = _trainer(tmp_path, epochs=1, callbacks=[Spy(coef=0.1, reference="executor_offline")])
+    trainer.fit(module, datamodule=data)
+    params = dict(policy.named_parameters())
+    assert all(torch.equal(p, params[n]) for n, p in planner.items())
+    assert any(not torch.equal(p, params[n]) for n, p in executor.items() if "executor_offline" not in n)
+    assert kl and kl[0] == pytest.approx(0.0, abs=1e-6)
+    rows = module.rollouts_to_rows(data.last_rollouts)
+    assert rows and all(r.role == "executor" for r in rows)
+    metrics = trainer.callback_metrics
+    assert 0.0 <= float(metrics["rollout/subgoal_met"]) <= 1.0
+    assert float(metrics["rollout/subgoal_grouped"]) > 0  # each task's first subgoal starts alike in its group

@@ -31,6 +31,11 @@ def test_multi2_pipeline_short(tmp_path, capsys):
     after = json.loads((out / "results.json").read_text())["stages"]
     assert list(after) == list(before)
     assert after["backbone"] == before["backbone"] and after["flat_sft"]["seconds"] != before["flat_sft"]["seconds"]
+    # an opt-in stage (not in the default run above) fits when named, from the offline executor
+    main(["multi2", "--short", "--out", str(out), "--config-dir", "configs/multi2", "--stages", "system2_grpo"])
+    stages = json.loads((out / "results.json").read_text())["stages"]
+    assert list(stages) == [*list(before)[:5], "system2_grpo", *list(before)[5:]]
+    assert 0.0 <= stages["system2_grpo"]["val"]["success"] <= 1.0
     with pytest.raises(ValueError, match="unknown stage"):
         main(["multi2", "--short", "--out", str(out), "--config-dir", "configs/multi2", "--stages", "nope"])
     with pytest.raises(ValueError, match="seed 0, not 1"):

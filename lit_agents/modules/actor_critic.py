@@ -35,8 +35,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from lit_agents.algorithms.advantages import group_stats
-from lit_agents.algorithms.collate import Batch, Row, transition_rows
+from lit_agents.algorithms.advantages import group_has_signal, group_stats
+from lit_agents.algorithms.collate import Batch, Row, session_row, transition_rows
 from lit_agents.algorithms.losses import (
     KLKind,
     awac_weights,
@@ -49,9 +49,10 @@ from lit_agents.algorithms.losses import (
     token_vocab_kl,
 )
 from lit_agents.data.demos import read_episodes
-from lit_agents.modules.base import AgentModule
+from lit_agents.modules.base import AgentModule, training_rollouts
+from lit_agents.modules.grpo import GRPOPolicy
 from lit_agents.policy import AgentPolicy
-from lit_agents.types import Rollout
+from lit_agents.types import Rollout, Session
 
 
 class ValueHead(nn.Module):
@@ -354,3 +355,92 @@ class System2ActorCritic(AgentModule):
         rows = checkpoint.get("replay_buffer", [])
         self.buffer = [Row(ids, mask, [0.0] * len(ids), [0.0] * len(ids), role, meta) for ids, mask, role, meta in rows]
 
+
+
+class System2GRPO(GRPOPolicy):
+    """Multi2's System 2 online by a signed, group-relative update on its subgoal episodes
+    **[departure]**: not the paper's AWAC, an alternative to `System2ActorCritic`'s online phase.
+
+    Multi2's offline and AWAC actors weigh the data's actions by positive weights: they can
+    down-weight a failing action but never push it down, and on TextCraft no offline or AWAC
+    variant lifted the executor above its warm-up SFT start (docs/results.md, "Which Multi2 role
+    fails"). This module trains the executor on the epoch's own sampled subgoal episodes with
+    GRPO's signed advantage instead:
+
+    - an executor session (one subgoal episode) scores its summed per-step rewards, Multi2's
+      executor reward: 1 when its subgoal is met, plus the environment's reward;
+    - episodes that started from the same executor prompt (the same task text, observation and
+      subgoal: the same state and subgoal, so comparable samples) form a group, and each episode's
+      advantage is the ``advantage`` callable on its group (GRPO's standardized score by default).
+      With the planner greedy and frozen (Multi2's online stage), the ``group_size`` rollouts of a
+      task share at least their first subgoal, and later ones while their executors acted alike;
+    - groups without a signal (one episode, or all scores equal) give no rows with
+      ``drop_zero_signal`` (otherwise rows of advantage 0, which dilute the token mean);
+    - the loss, its clipping, the KL term (a `KLAnchor` with ``reference: executor_offline``:
+      on-policy rows, so the sampled-token estimators apply) and the health curves are
+      `GRPOPolicy`'s. Planner sessions never train (the planner stays frozen).
+
+    ``rollout/subgoal_met`` logs the share of training subgoal episodes met,
+    ``rollout/subgoal_grouped`` the share in a group of two or more and
+    ``rollout/subgoal_signal`` the share in a group with a signal (the episodes that train).
+
+    Args:
+        policy: the backbone with ``role`` (trained), the planner and, with a KL anchor, its reference.
+        role: the executor adapter.
+        **kwargs: `GRPOPolicy`'s (``lr``, ``loss``, ``advantage``, ``drop_zero_signal``, ...).
+    """
+
+    def __init__(self, policy: AgentPolicy, role: str = "executor", **kwargs: Any) -> None:
+        if role not in policy.roles:
+            raise ValueError(f"System2GRPO trains adapter {role!r}, not a role of the policy: {policy.roles}")
+        super().__init__(policy, **kwargs)
+        self.role = role
+        policy.set_role(role)
+
+    def subgoal_episodes(self, rollouts: list[Rollout]) -> list[tuple[int, int, Session]]:
+        """``(rollout index, session index, session)`` of every executor subgoal episode with calls."""
+        return [(i, k, s) for i, r in enumerate(rollouts) for k, s in enumerate(r.sessions)
+                if s.meta.get("role") == self.role and s.calls and "rewards" in s.meta]
+
+    @staticmethod
+    def subgoal_groups(episodes: list[tuple[int, int, Session]]) -> Tensor:
+        """One group id per episode: episodes share one when their first prompts are the same tokens."""
+        keys: dict[tuple[int, ...], int] = {}
+        return torch.tensor([keys.setdefault(tuple(s.calls[0].prompt_ids), len(keys)) for _, _, s in episodes],
+                            dtype=torch.long)
+
+    def subgoal_rewards(self, episodes: list[tuple[int, int, Session]]) -> Tensor:
+        """The score of each subgoal episode: its summed per-step rewards (subgoal met + env reward).
+        Override to shape it (a step cost, the met flag alone)."""
+        return torch.tensor([float(sum(s.meta["rewards"])) for _, _, s in episodes], dtype=torch.float32)
+
+    def rollouts_to_rows(self, rollouts: list[Rollout]) -> list[Row]:
+        episodes = self.subgoal_episodes(rollouts)
+        if not episodes:
+            return []
+        groups, rewards = self.subgoal_groups(episodes), self.subgoal_rewards(episodes)
+        advantages = self.advantage(rewards, groups).tolist()
+        keep = group_has_signal(rewards, groups).tolist() if self.hparams.drop_zero_signal else [True] * len(episodes)
+        rows = []
+        for (i, k, session), adv, kept in zip(episodes, advantages, keep):
+            row = session_row(session, adv, self.hparams.max_row_tokens) if kept else None
+            if row is not None:
+                rollout = rollouts[i]
+                row.meta.update(rollout=i, session=k, advantage=float(adv), group_id=rollout.group_id,
+                                task_id=rollout.task_id)
+                rows.append(row)
+        return rows
+
+    def on_train_epoch_start(self) -> None:
+        super().on_train_epoch_start()
+        episodes = self.subgoal_episodes(training_rollouts(self))
+        if not episodes:
+            return
+        groups, rewards = self.subgoal_groups(episodes), self.subgoal_rewards(episodes)
+        sizes = torch.bincount(groups)[groups]
+        stats = {
+            "rollout/subgoal_met": sum(bool(s.success) for _, _, s in episodes) / len(episodes),
+            "rollout/subgoal_grouped": (sizes > 1).float().mean().item(),
+            "rollout/subgoal_signal": group_has_signal(rewards, groups).float().mean().item(),
+        }
+        self.log_dict(stats, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(episodes))

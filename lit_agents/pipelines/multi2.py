@@ -4,7 +4,9 @@ Stages (``configs/multi2/``): ``backbone`` (embedded default only: full SFT on b
 demonstrations), ``system1_sft`` (planner adapter), ``system2_warmup`` (executor adapter by SFT),
 ``system2_offline`` (offline actor-critic), ``system2_online`` (online AWAC with a KL anchor to
 the offline executor); baselines ``flat_sft`` (ReAct, the same demonstrations flat) and
-``flat_grpo`` (GRPO from it). Each stage's adapters go to ``<out>/<name>`` and the next stage
+``flat_grpo`` (GRPO from it). Opt-in (fitted only when ``--stages`` names it): ``system2_grpo``,
+System 2 online by GRPO on the executor's subgoal episodes from the offline executor
+(`System2GRPO`, a departure from the paper's AWAC). Each stage's adapters go to ``<out>/<name>`` and the next stage
 loads them by path. Greedy held-out success (``val``: unseen instances of train goals; ``test``:
 unseen goal items) by crafting depth and generated tokens per episode are printed as a table
 and written to ``<out>/results.json``.
@@ -13,6 +15,7 @@ and written to ``<out>/results.json``.
     lit-agents multi2 --out runs/m2 --seed 1 --skip-baselines
     lit-agents multi2 --short                          # a one-minute smoke test of every stage
     lit-agents multi2 --out runs/m2 --stages flat_sft,flat_grpo   # more stages in an existing run
+    lit-agents multi2 --out runs/m2 --stages system2_grpo         # the signed online alternative
     lit-agents multi2 --set trainer.max_epochs=1 --set backbone:data.init_args.demos=400
 """
 
@@ -30,6 +33,8 @@ from lit_agents.pipelines.evaluate import evaluate_split, summarize
 from lit_agents.pipelines.quickstart import _cli
 
 STAGES = ("system1_sft", "system2_warmup", "system2_offline", "system2_online")
+# stages fitted only when ``--stages`` names them: alternatives to a stage of the paper's recipe
+OPT_IN = ("system2_grpo",)
 
 
 def evaluate(cli, split: str, tasks: int | None = None) -> dict[str, Any]:
@@ -107,6 +112,8 @@ def run(config_dir: Path, out: Path, seed: int, overrides: list[str], baselines:
         ("system2_online", [model, _dict_arg("adapters", executor=offline),
                             _dict_arg("frozen_adapters", planner=planner, executor_offline=offline),
                             f"model.init_args.buffer_seed={demos}"], None),
+        ("system2_grpo", [model, _dict_arg("adapters", executor=offline),
+                          _dict_arg("frozen_adapters", planner=planner, executor_offline=offline)], None),
     ]
     if baselines:
         stages += [
@@ -124,7 +131,7 @@ def run(config_dir: Path, out: Path, seed: int, overrides: list[str], baselines:
             raise ValueError(f"{saved} is from seed {earlier.get('seed')}, not {seed}")
         results["stages"] = {k: v for k, v in earlier["stages"].items() if k not in only}
     for name, extra, save in stages:
-        if only is not None and name not in only:
+        if (name not in only) if only is not None else (name in OPT_IN):
             continue
         cli, seconds = _fit(config_dir, name, out, seed, [*extra, *overrides], short)
         policy = cli.model.policy
