@@ -7,6 +7,7 @@
 | `DualClipPPO` | `GRPOPolicy` | `policy_loss` | the loss |
 | `SuccessfulDemosSFT` | `System1SFT` | `demonstration_rows` | which demonstrations SFT imitates |
 | `FilteredBCActorCritic` | `System2ActorCritic` | `actor_weights` | how much the actor imitates each action |
+| `StepCostSubgoalGRPO` | `System2GRPO` | `subgoal_rewards` | the score of each Multi2 subgoal episode |
 | `DiscountedSessionMosaic` | `MosaicPolicy` | `session_advantages` | the credit of each session |
 | `StepCostRAO` | `RAOPolicy` | `node_rewards` | the reward of each node of a tree |
 | `ThoughtActionAgent` | `ReActAgent` | `system_text`, `parse_action`, `format_action` | the action format |
@@ -26,7 +27,7 @@ from the repository root):
         --data.init_args.agent.class_path subclasses.ThoughtActionAgent
 
 The others swap into the config of their module or loop (docs/extending.md has each command):
-configs/quickstart.yaml, configs/multi2/system2_offline.yaml and system2_online.yaml,
+configs/quickstart.yaml, configs/multi2/system2_offline.yaml, system2_online.yaml and system2_grpo.yaml,
 configs/mosaic/compaction_mosaic.yaml and configs/rao/recursive.yaml.
 
 docs/extending.md explains each; tests/test_extending.py runs each.
@@ -44,9 +45,9 @@ from lit_agents.agents import HierarchicalAgent, MultiSessionAgent, ReActAgent, 
 from lit_agents.algorithms.collate import Row
 from lit_agents.algorithms.losses import LossOutput, masked_mean
 from lit_agents.envs import TextEnv
-from lit_agents.modules import GRPOPolicy, MosaicPolicy, RAOPolicy, System1SFT, System2ActorCritic
+from lit_agents.modules import GRPOPolicy, MosaicPolicy, RAOPolicy, System1SFT, System2ActorCritic, System2GRPO
 from lit_agents.policy import AgentPolicy
-from lit_agents.types import Rollout
+from lit_agents.types import Rollout, Session
 
 
 class StepCostGRPO(GRPOPolicy):
@@ -195,6 +196,29 @@ class FilteredBCActorCritic(System2ActorCritic):
 
     def actor_weights(self, advantages: Tensor, episodes: Tensor) -> Tensor:
         return (advantages > 0).float()
+
+
+class StepCostSubgoalGRPO(System2GRPO):
+    """Each Multi2 subgoal episode scores its rewards minus a cost per executor step: overrides
+    `System2GRPO.subgoal_rewards`.
+
+    Why: episodes from the same state that all meet their subgoal score alike and teach nothing;
+    a cost per step ranks the one that met it in fewer actions first (and among failures the one
+    that gave up sooner), so the executor learns not to waste steps inside a subgoal.
+
+    Args:
+        policy: the backbone with the executor and planner adapters.
+        step_cost: subtracted per executor action of the episode.
+        **kwargs: see `System2GRPO` (role, lr, loss, ...).
+    """
+
+    def __init__(self, policy: AgentPolicy, step_cost: float = 0.05, **kwargs: Any) -> None:
+        super().__init__(policy, **kwargs)
+        self.step_cost = step_cost
+
+    def subgoal_rewards(self, episodes: list[tuple[int, int, Session]]) -> Tensor:
+        steps = torch.tensor([float(len(session.calls)) for _, _, session in episodes])
+        return super().subgoal_rewards(episodes) - self.step_cost * steps
 
 
 class DiscountedSessionMosaic(MosaicPolicy):

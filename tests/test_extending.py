@@ -458,6 +458,31 @@ def test_filtered_bc_actor_weights_in_fit(examples, tmp_path, monkeypatch):
     assert cli.trainer.callback_metrics["train/weight_max"] <= 1.0
 
 
+def test_step_cost_subgoal_rewards_in_fit(examples, tmp_path, monkeypatch):
+    """configs/multi2/system2_grpo.yaml with fresh adapters (KL to the base): the subgoal
+    episodes score `StepCostSubgoalGRPO.subgoal_rewards`, the default's minus 0.05 a step, so
+    an untrained executor that meets no subgoal still ranks its episodes by their length."""
+    import subclasses
+
+    from lit_agents.modules import System2GRPO
+
+    calls = spy(subclasses.StepCostSubgoalGRPO, "subgoal_rewards", monkeypatch)
+    overlay = {"trainer": {"callbacks": [{"class_path": "lit_agents.callbacks.KLAnchor",
+                                          "init_args": {"coef": 0.02, "reference": "base"}}]},
+               "model": {"init_args": {"policy": {"init_args": {
+                   "adapters": None, "frozen_adapters": None, "roles": ["executor", "planner"]}}}}}
+    cli = fit_config("multi2/system2_grpo.yaml", tmp_path, "--model.class_path=subclasses.StepCostSubgoalGRPO",
+                     "--model.init_args.policy.init_args.lora_r=4", *ROLLOUTS,
+                     "--data.init_args.agent.init_args.max_subgoals=2",
+                     "--data.init_args.agent.init_args.max_subgoal_steps=3", overlay=overlay)
+    assert cli.trainer.current_epoch == 1 and type(cli.model) is subclasses.StepCostSubgoalGRPO
+    assert calls  # the rows and the epoch's logged statistics both read the shaped score
+    for (module, episodes), rewards in calls:
+        steps = torch.tensor([float(len(s.calls)) for _, _, s in episodes])
+        assert torch.allclose(rewards, System2GRPO.subgoal_rewards(module, episodes) - 0.05 * steps)
+        assert any(len(s.calls) > 1 for _, _, s in episodes)
+
+
 def test_subgoal_line_agent_in_fit(examples, tmp_path, monkeypatch):
     """configs/multi2/system2_online.yaml with fresh adapters and no buffer seed: every subgoal
     the planner sets is `SubgoalLineAgent.parse_subgoal` of its text, and the executor is told it."""
