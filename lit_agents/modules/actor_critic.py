@@ -356,7 +356,6 @@ class System2ActorCritic(AgentModule):
         self.buffer = [Row(ids, mask, [0.0] * len(ids), [0.0] * len(ids), role, meta) for ids, mask, role, meta in rows]
 
 
-
 class System2GRPO(GRPOPolicy):
     """Multi2's System 2 online by a signed, group-relative update on its subgoal episodes
     **[departure]**: not the paper's AWAC, an alternative to `System2ActorCritic`'s online phase.

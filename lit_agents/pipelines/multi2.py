@@ -6,10 +6,10 @@ demonstrations), ``system1_sft`` (planner adapter), ``system2_warmup`` (executor
 the offline executor); baselines ``flat_sft`` (ReAct, the same demonstrations flat) and
 ``flat_grpo`` (GRPO from it). Opt-in (fitted only when ``--stages`` names it): ``system2_grpo``,
 System 2 online by GRPO on the executor's subgoal episodes from the offline executor
-(`System2GRPO`, a departure from the paper's AWAC). Each stage's adapters go to ``<out>/<name>`` and the next stage
-loads them by path. Greedy held-out success (``val``: unseen instances of train goals; ``test``:
-unseen goal items) by crafting depth and generated tokens per episode are printed as a table
-and written to ``<out>/results.json``.
+(`System2GRPO`, a departure from the paper's AWAC). Each stage's adapters go to
+``<out>/<name>`` and the next stage loads them by path. Greedy held-out success (``val``:
+unseen instances of train goals; ``test``: unseen goal items) by crafting depth and generated
+tokens per episode are printed as a table and written to ``<out>/results.json``.
 
     lit-agents multi2                                  # all stages, seed 0, runs/multi2
     lit-agents multi2 --out runs/m2 --seed 1 --skip-baselines
