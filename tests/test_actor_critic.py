@@ -333,16 +333,18 @@ def test_online_checkpoint_restores_heads_buffer_and_counters(tiny_config, textc
     assert all(restored["optimizers"])  # Adam moments for both optimizers
 
 
-def _subgoal_rollout(group, first_prompt, met):
+def _subgoal_rollout(group, first_prompt, met, solved=None):
     """A hierarchical rollout: a planner session, then one executor subgoal episode whose first
-    prompt is ``first_prompt`` and which meets its subgoal or not."""
+    prompt is ``first_prompt`` and which meets its subgoal or not; the task is solved when
+    ``solved`` (default: when met)."""
     from lit_agents.types import Call, Rollout, Session
 
     planner = Session(0, calls=[Call([5, 6], [7], [-0.1], role="planner")], meta={"role": "planner"})
     calls = [Call(list(first_prompt), [8, 9], [-0.2, -0.3], role="executor"), Call([4], [10], [-0.4], role="executor")]
     executor = Session(1, calls=calls, success=met,
                        meta={"role": "executor", "rewards": [0.0, float(met)], "dones": [0.0, 1.0]})
-    return Rollout(f"t{group}", group, [planner, executor], reward=float(met), success=met)
+    solved = met if solved is None else solved
+    return Rollout(f"t{group}", group, [planner, executor], reward=float(solved), success=solved)
 
 
 def test_system2_grpo_scores_each_subgoal_episode_against_those_from_the_same_state(tiny_config):
@@ -370,6 +372,22 @@ def test_system2_grpo_scores_each_subgoal_episode_against_those_from_the_same_st
     assert len(everything) == 6 and [r.meta["advantage"] for r in everything[3:]] == [0.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="not a role of the policy"):
         System2GRPO(policy, role="nope")
+
+
+def test_system2_grpo_task_reward_ranks_the_subgoal_episodes_whose_task_was_solved(tiny_config):
+    """Both episodes meet their subgoal, only one's rollout solves the task: by Multi2's executor
+    reward alone they tie (no rows); with ``task_reward`` the solved one gets A > 0, the other A < 0."""
+    from lit_agents.modules import System2GRPO
+
+    policy = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
+    rollouts = [_subgoal_rollout(0, [1, 2], True, solved=True), _subgoal_rollout(0, [1, 2], True, solved=False)]
+    assert System2GRPO(policy).rollouts_to_rows(rollouts) == []
+    module = System2GRPO(policy, task_reward=1.0)
+    assert module.hparams.task_reward == 1.0
+    _, groups, rewards = module.scored_episodes(rollouts)
+    assert groups.tolist() == [0, 0] and rewards.tolist() == [2.0, 1.0]
+    solved, unsolved = module.rollouts_to_rows(rollouts)
+    assert solved.meta["advantage"] > 0 > unsolved.meta["advantage"]
 
 
 def test_system2_grpo_online_fit_trains_the_executor_only_with_its_kl_anchor(tiny_config, textcraft, tmp_path):

@@ -383,13 +383,20 @@ class System2GRPO(GRPOPolicy):
     ``rollout/subgoal_grouped`` the share in a group of two or more and
     ``rollout/subgoal_signal`` the share in a group with a signal (the episodes that train).
 
+    ``task_reward`` (default 0: Multi2's executor reward alone) adds that much of the episode's
+    task success (the whole rollout's, 0 or 1) to each of its subgoal episodes' scores: among
+    episodes from the same state and subgoal, the ones whose rollout went on to solve the task
+    rank higher, so a subgoal met in a way that leads nowhere (or a subgoal chased at the cost of
+    the task's step budget) is not credited like one that leads to the goal.
+
     Args:
         policy: the backbone with ``role`` (trained), the planner and, with a KL anchor, its reference.
         role: the executor adapter.
+        task_reward: the weight of the rollout's task success in each subgoal episode's score.
         **kwargs: `GRPOPolicy`'s (``lr``, ``loss``, ``advantage``, ``drop_zero_signal``, ...).
     """
 
-    def __init__(self, policy: AgentPolicy, role: str = "executor", **kwargs: Any) -> None:
+    def __init__(self, policy: AgentPolicy, role: str = "executor", task_reward: float = 0.0, **kwargs: Any) -> None:
         if role not in policy.roles:
             raise ValueError(f"System2GRPO trains adapter {role!r}, not a role of the policy: {policy.roles}")
         super().__init__(policy, **kwargs)
@@ -413,11 +420,22 @@ class System2GRPO(GRPOPolicy):
         Override to shape it (a step cost, the met flag alone)."""
         return torch.tensor([float(sum(s.meta["rewards"])) for _, _, s in episodes], dtype=torch.float32)
 
-    def rollouts_to_rows(self, rollouts: list[Rollout]) -> list[Row]:
+    def scored_episodes(self, rollouts: list[Rollout]) -> tuple[list[tuple[int, int, Session]], Tensor, Tensor]:
+        """The epoch's subgoal episodes, their group ids and their scores (`subgoal_rewards`,
+        plus ``task_reward`` times their rollout's task success)."""
         episodes = self.subgoal_episodes(rollouts)
         if not episodes:
+            return [], torch.zeros(0, dtype=torch.long), torch.zeros(0)
+        rewards = self.subgoal_rewards(episodes)
+        if self.hparams.task_reward:
+            solved = torch.tensor([float(rollouts[i].success) for i, _, _ in episodes])
+            rewards = rewards + self.hparams.task_reward * solved
+        return episodes, self.subgoal_groups(episodes), rewards
+
+    def rollouts_to_rows(self, rollouts: list[Rollout]) -> list[Row]:
+        episodes, groups, rewards = self.scored_episodes(rollouts)
+        if not episodes:
             return []
-        groups, rewards = self.subgoal_groups(episodes), self.subgoal_rewards(episodes)
         advantages = self.advantage(rewards, groups).tolist()
         keep = group_has_signal(rewards, groups).tolist() if self.hparams.drop_zero_signal else [True] * len(episodes)
         rows = []
@@ -432,10 +450,9 @@ class System2GRPO(GRPOPolicy):
 
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()
-        episodes = self.subgoal_episodes(training_rollouts(self))
+        episodes, groups, rewards = self.scored_episodes(training_rollouts(self))
         if not episodes:
             return
-        groups, rewards = self.subgoal_groups(episodes), self.subgoal_rewards(episodes)
         sizes = torch.bincount(groups)[groups]
         stats = {
             "rollout/subgoal_met": sum(bool(s.success) for _, _, s in episodes) / len(episodes),
