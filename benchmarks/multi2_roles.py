@@ -65,18 +65,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("log_dir", type=Path, help="a Multi2 stage's log folder (…/system2_warmup/version_0)")
     parser.add_argument("--splits", nargs="+", default=["val", "test"])
-    parser.add_argument("--tasks", type=int, default=None, help="held-out tasks per split (default: the config's)")
+    parser.add_argument("--tasks", type=int, default=None,
+                        help="held-out tasks per split (0 = the whole split; default: the config's val_tasks)")
     parser.add_argument("--arms", nargs="+", type=int, default=list(range(len(ARMS))),
                         help="which arms, by position in the list above (default: all)")
     args = parser.parse_args(argv)
     cli = evaluate.build([args.log_dir / "config.yaml"], adapter=args.log_dir / "adapters" / "last")
     dm, agent = cli.datamodule, cli.datamodule.agent
     report: dict = {}
+    tasks = dm.val_tasks if args.tasks is None else (args.tasks or None)
     for split in args.splits:
         report[split] = {}
         for name, (planner, executor) in (list(ARMS.items())[i] for i in args.arms):
             agent.expert_planner, agent.expert_executor = planner, executor
-            _, rollouts = evaluate.evaluate_split(cli, split, args.tasks or dm.val_tasks, [dm.seed], None)
+            _, rollouts = evaluate.evaluate_split(cli, split, tasks, [dm.seed], None)
             stats = report[split][name] = arm_stats(rollouts)
             print(f"{split:4s} {name:33s} success {stats['success'] * 100:5.1f}%  subgoals met "
                   f"{stats['subgoals_met'] * 100:5.1f}% (first tries {stats['first_tries_met'] * 100:5.1f}%)  "

@@ -171,7 +171,7 @@ def test_rao_trees_reads_a_full_fine_tuning_run(tmp_path):
                        trained.model.policy.model.get_output_embeddings().weight)
 
 
-def test_multi2_roles_plays_each_role_by_model_or_expert(tmp_path):
+def test_multi2_roles_plays_each_role_by_model_or_expert(tmp_path, monkeypatch):
     """`benchmarks/multi2_roles.py` on a Multi2 stage's log folder: the four arms play the same
     tasks, the experts' arm solves what the offline expert solves, an untrained model solves
     none, and the report lands in roles.json."""
@@ -201,6 +201,12 @@ def test_multi2_roles_plays_each_role_by_model_or_expert(tmp_path):
     again = multi2_roles.main([str(log_dir), "--splits", "val", "--tasks", "3", "--arms", "0"])["val"]
     assert list(again) == ["model / model"]
     assert json.loads((log_dir / "roles.json").read_text()) == {"val": report}  # the other arms kept
+    asked = []  # --tasks 0 is the whole split (None), as `lit-agents evaluate` reads it; no --tasks the config's
+    monkeypatch.setattr(multi2_roles.evaluate, "evaluate_split",
+                        lambda cli, split, tasks, *a: asked.append(tasks) or ([], []))
+    multi2_roles.main([str(log_dir), "--splits", "val", "--tasks", "0", "--arms", "0"])
+    multi2_roles.main([str(log_dir), "--splits", "val", "--arms", "0"])
+    assert asked == [None, config["data"]["init_args"]["val_tasks"]]
 
     # a first try: not the subgoal just missed again
     tries = [("craft 2 a", False), ("craft 2 a", False), ("craft 2 a", True), ("craft 2 a", True), ("craft 1 b", False)]
