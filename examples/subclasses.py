@@ -206,6 +206,12 @@ class StepCostSubgoalGRPO(System2GRPO):
     a cost per step ranks the one that met it in fewer actions first (and among failures the one
     that gave up sooner), so the executor learns not to waste steps inside a subgoal.
 
+    Measured on TextCraft at 0.05 a step, the second half wins: the executor learns to give up,
+    episodes shorten, no more subgoals are met and held-out success falls on every seed
+    (docs/results.md,
+    "Multi2's executor by GRPO with the task's outcome in its score, and with a step cost").
+    It is an example of the extension point, not a recommended setting.
+
     Args:
         policy: the backbone with the executor and planner adapters.
         step_cost: subtracted per executor action of the episode.
