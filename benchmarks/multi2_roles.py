@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     cli = evaluate.build([args.log_dir / "config.yaml"], adapter=args.log_dir / "adapters" / "last")
     dm, agent = cli.datamodule, cli.datamodule.agent
     report: dict = {}
-    tasks = dm.val_tasks if args.tasks is None else (args.tasks or None)
+    tasks = evaluate.tasks_asked(dm, args.tasks)
     for split in args.splits:
         report[split] = {}
         for name, (planner, executor) in (list(ARMS.items())[i] for i in args.arms):

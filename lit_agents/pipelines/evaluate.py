@@ -41,6 +41,7 @@ from typing import Any
 import yaml
 
 from lit_agents.cli import AgentsCLI
+from lit_agents.data.rollouts import AgentDataModule
 from lit_agents.envs.base import Split, Task
 from lit_agents.policy import AgentPolicy, role_folders
 from lit_agents.types import Rollout
@@ -149,6 +150,12 @@ def build(configs: Sequence[str | Path], overrides: Sequence[str] = (), adapter:
 
 
 # ----------------------------------------------------------------------------- playing
+def tasks_asked(dm: AgentDataModule, tasks: int | None) -> int | None:
+    """What a ``--tasks`` argument asks for: not given (None), the data module's ``val_tasks``;
+    0, the whole split (None); else that many."""
+    return dm.val_tasks if tasks is None else (tasks or None)
+
+
 def held_out(cli: AgentsCLI, split: Split, tasks: int | None, seed: int) -> list[Task]:
     """The data module's held-out sample of ``split`` (``tasks`` of them, None = all) under ``seed``."""
     dm = cli.datamodule
@@ -356,7 +363,7 @@ def main(argv: list[str] | None = None) -> Report:
     cli = build(args.config, overrides, args.adapter, args.model)
     dm = cli.datamodule
     split = args.split or dm.val_split
-    tasks = dm.val_tasks if args.tasks is None else (args.tasks or None)
+    tasks = tasks_asked(dm, args.tasks)
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [dm.seed]
     weights = args.adapter or args.model or "the config's model"
     out = args.out or default_out(args.config[-1], args.adapter or args.model, split)
