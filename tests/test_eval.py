@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -264,3 +265,35 @@ def test_default_out():
     assert evaluate.default_out("c.yaml", run / "adapters" / "last", "test") == run / "eval" / "last-test"
     assert evaluate.default_out("c.yaml", run / "adapters" / "best" / "model", "val") == run / "eval" / "best-val"
     assert evaluate.default_out("c.yaml", Path("/x/my_adapter"), "val") == Path("/x/my_adapter-eval-val")
+
+
+def test_paired_eval_counts_tasks_gained_and_lost_on_the_same_rollouts(tmp_path, capsys, monkeypatch):
+    """`benchmarks/paired_eval.py`: two evaluation folders written by `evaluate.write` are paired on
+    (task, seed); the gains, losses and the exact sign test are counted by hand, and folders of
+    different rollouts are refused rather than compared."""
+    spec = importlib.util.spec_from_file_location("paired_eval", ROOT / "benchmarks" / "paired_eval.py")
+    paired_eval = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "paired_eval", paired_eval)  # its dataclass looks its module up
+    spec.loader.exec_module(paired_eval)
+
+    def folder(name: str, successes: list[bool], seeds: list[int]) -> Path:
+        rows = [evaluate.result_row(Task(f"t{i % 4}", "goal"), seed, _rollout(ok, [0], 2))
+                for i, (ok, seed) in enumerate(zip(successes, seeds))]
+        evaluate.write(tmp_path / name, rows, [], None)
+        return tmp_path / name
+
+    seeds = [0, 0, 0, 0, 1, 1, 1, 1]  # four tasks under two sampling seeds
+    start = folder("start", [True, False, False, False, True, False, True, False], seeds)
+    after = folder("after", [True, True, True, False, False, True, True, True], seeds)
+    [result] = paired_eval.main([str(start), str(after)])
+    assert (result.n, result.gained, result.lost) == (8, 4, 1)
+    assert (result.reference, result.success, result.change) == (37.5, 75.0, 37.5)
+    assert result.p == pytest.approx(2 * (1 + 5) / 32)  # P(at most 1 of 5 discordant pairs goes one way), two-sided
+    assert paired_eval.sign_test(3, 3) == 1.0 and paired_eval.sign_test(0, 0) == 1.0
+    assert "gained 4, lost 1" in capsys.readouterr().out
+
+    other = folder("other", [True] * 8, [0, 0, 0, 0, 2, 2, 2, 2])  # another sampling seed: not the same draws
+    with pytest.raises(ValueError, match="different"):
+        paired_eval.main([str(start), str(other)])
+    with pytest.raises(FileNotFoundError, match="results.csv"):
+        paired_eval.outcomes(tmp_path / "missing")
