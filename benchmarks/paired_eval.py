@@ -26,7 +26,8 @@ def outcomes(folder: str | Path) -> dict[tuple[str, str], int]:
     path = path / "results.csv" if path.is_dir() else path
     if not path.exists():
         raise FileNotFoundError(f"{path}: no results.csv (write one with `lit-agents eval ... --out {path.parent}`)")
-    rows = list(csv.DictReader(path.open()))
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
     table = {(r["task_id"], r["seed"]): int(r["success"]) for r in rows}
     if len(table) != len(rows):
         raise ValueError(f"{path}: a (task_id, seed) appears more than once; pairing needs one rollout each")
