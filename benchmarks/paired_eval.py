@@ -8,13 +8,22 @@ success, its change over the reference in points, the tasks gained and lost, and
 two-sided sign test on those (the chance of a split at least this uneven if gains and losses were
 equally likely). The two evaluations must cover the same rollouts, or it says which differ.
 
+With ``--role ROLE`` it also reads each folder's ``rollouts.jsonl`` and prints how sharp that
+role's sampled actions were: the mean log-prob of its sampled tokens (under the distribution
+they were drawn from: minus the per-token entropy, on the states it visited), the share of its
+actions with a token drawn at probability < 0.1, and its actions per rollout. A sampled
+evaluation that loses success while greedy holds, with these down, is a policy flattened off
+its mode (docs/results.md, "Multi2 online from the warm-up SFT start").
+
     python benchmarks/paired_eval.py runs/m2/offline-eval-val runs/m2/grpo-eval-val [more ...]
+    python benchmarks/paired_eval.py --role executor runs/m2/warmup-sval runs/m2/offline-sval
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,18 +81,57 @@ def paired(reference: dict[tuple[str, str], int], other: dict[tuple[str, str], i
                   lost=sum(1 for k, v in other.items() if reference[k] and not v))
 
 
+@dataclass
+class Sharpness:
+    logprob: float  # mean log-prob of the role's sampled tokens
+    rare: float  # share of its actions with a token drawn at p < 0.1, in percent
+    per_rollout: float  # its actions per rollout
+
+
+def sharpness(folder: str | Path, role: str, rare: float = 0.1) -> Sharpness:
+    """How sharp ``role``'s sampled actions were in one evaluation folder's ``rollouts.jsonl``."""
+    path = Path(folder) / "rollouts.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no rollouts.jsonl (`lit-agents eval ... --out {path.parent}` writes one)")
+    tokens, actions, rare_actions, rollouts = [], 0, 0, 0
+    with path.open() as f:
+        for line in f:
+            rollouts += 1
+            for session in json.loads(line)["sessions"]:
+                for call in session["calls"]:
+                    if call.get("role", "default") != role or not call["logprobs"]:
+                        continue
+                    actions += 1
+                    tokens += call["logprobs"]
+                    rare_actions += any(lp < math.log(rare) for lp in call["logprobs"])
+    if not actions:
+        raise ValueError(f"{path}: no action of role {role!r}")
+    return Sharpness(logprob=sum(tokens) / len(tokens), rare=100 * rare_actions / actions,
+                     per_rollout=actions / rollouts)
+
+
 def main(argv: list[str] | None = None) -> list[Paired]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reference", help="the reference evaluation folder (or its results.csv)")
     parser.add_argument("others", nargs="+", help="evaluation folders of the same rollouts to compare with it")
+    parser.add_argument("--role", help="also print how sharp this role's sampled actions were (rollouts.jsonl)")
     args = parser.parse_args(argv)
+
+    def sharp(folder: str) -> str:
+        if not args.role:
+            return ""
+        s = sharpness(folder, args.role)
+        return (f"; {args.role} token log-prob {s.logprob:.3f}, actions with a token at p < 0.1 {s.rare:.1f}%, "
+                f"{s.per_rollout:.1f} actions a rollout")
+
     ref = outcomes(args.reference)
-    print(f"reference {args.reference}: {100 * sum(ref.values()) / len(ref):.1f}% of {len(ref)} rollouts")
+    print(f"reference {args.reference}: {100 * sum(ref.values()) / len(ref):.1f}% of {len(ref)} rollouts"
+          + sharp(args.reference))
     results = []
     for folder in args.others:
         result = paired(ref, outcomes(folder))
         print(f"{folder}: {result.success:.1f}% ({result.change:+.1f} points), "
-              f"gained {result.gained}, lost {result.lost}, sign test p = {result.p:.3f}")
+              f"gained {result.gained}, lost {result.lost}, sign test p = {result.p:.3f}" + sharp(folder))
         results.append(result)
     return results
 

@@ -297,3 +297,30 @@ def test_paired_eval_counts_tasks_gained_and_lost_on_the_same_rollouts(tmp_path,
         paired_eval.main([str(start), str(other)])
     with pytest.raises(FileNotFoundError, match="results.csv"):
         paired_eval.outcomes(tmp_path / "missing")
+
+
+def test_paired_eval_role_sharpness_reads_the_sampled_tokens_of_that_role(tmp_path, capsys, monkeypatch):
+    """`paired_eval.py --role`: the mean log-prob of one role's sampled tokens, the share of its
+    actions with a token drawn at p < 0.1 and its actions per rollout, counted by hand; other
+    roles' calls are not counted, and a role with no action is an error, not a 0."""
+    spec = importlib.util.spec_from_file_location("paired_eval", ROOT / "benchmarks" / "paired_eval.py")
+    paired_eval = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "paired_eval", paired_eval)
+    spec.loader.exec_module(paired_eval)
+    rare, sure = -3.0, -0.1  # p ~ 0.05 (below 0.1) and p ~ 0.9
+
+    def rollout(task: str, executor: list[list[float]]) -> Rollout:
+        planner = Call([1], [2], [-5.0], role="planner")  # rare, but not the executor's
+        calls = [Call([1], [3] * len(lps), lps, role="executor") for lps in executor]
+        return Rollout(task, 0, [Session(0, "main", None, 0, [planner, *calls])], 0.0, False, {"reason": "done"})
+
+    rollouts = [rollout("a", [[sure, sure], [rare]]), rollout("b", [[sure, rare, sure]])]
+    rows = [evaluate.result_row(Task(r.task_id, "goal"), 0, r) for r in rollouts]
+    evaluate.write(tmp_path / "run", rows, rollouts, None)
+    s = paired_eval.sharpness(tmp_path / "run", "executor")
+    assert s.logprob == pytest.approx((4 * sure + 2 * rare) / 6)
+    assert (s.rare, s.per_rollout) == (pytest.approx(100 * 2 / 3), 1.5)
+    paired_eval.main(["--role", "executor", str(tmp_path / "run"), str(tmp_path / "run")])
+    assert "actions with a token at p < 0.1 66.7%, 1.5 actions a rollout" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="no action of role 'critic'"):
+        paired_eval.sharpness(tmp_path / "run", "critic")

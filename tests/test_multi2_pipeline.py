@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from peft import PeftConfig
 
 from lit_agents.cli import main
@@ -35,7 +36,15 @@ def test_multi2_pipeline_short(tmp_path, capsys):
     main(["multi2", "--short", "--out", str(out), "--config-dir", "configs/multi2", "--stages", "system2_grpo"])
     stages = json.loads((out / "results.json").read_text())["stages"]
     assert list(stages) == [*list(before)[:5], "system2_grpo", *list(before)[5:]]
-    assert 0.0 <= stages["system2_grpo"]["val"]["success"] <= 1.0
+    assert 0.0 <= stages["system2_grpo"]["val"]["success"] <= 1.0 and stages["system2_grpo"]["from"] == "offline"
+    # --online-from warmup: the online stage starts from, and is anchored to, the warm-up executor
+    main(["multi2", "--short", "--out", str(out), "--config-dir", "configs/multi2", "--stages", "system2_grpo",
+          "--online-from", "warmup"])
+    assert json.loads((out / "results.json").read_text())["stages"]["system2_grpo"]["from"] == "warmup"
+    config = yaml.safe_load(sorted((out / "system2_grpo").glob("version_*/config.yaml"))[-1].read_text())
+    policy = config["model"]["init_args"]["policy"]["init_args"]
+    warm = str(out / "adapters" / "warmup" / "executor")
+    assert policy["adapters"] == {"executor": warm} and policy["frozen_adapters"]["executor_offline"] == warm
     with pytest.raises(ValueError, match="unknown stage"):
         main(["multi2", "--short", "--out", str(out), "--config-dir", "configs/multi2", "--stages", "nope"])
     with pytest.raises(ValueError, match="seed 0, not 1"):

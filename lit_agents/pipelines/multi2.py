@@ -16,6 +16,7 @@ tokens per episode are printed as a table and written to ``<out>/results.json``.
     lit-agents multi2 --short                          # a one-minute smoke test of every stage
     lit-agents multi2 --out runs/m2 --stages flat_sft,flat_grpo   # more stages in an existing run
     lit-agents multi2 --out runs/m2 --stages system2_grpo         # the signed online alternative
+    lit-agents multi2 --out runs/m2 --stages system2_grpo --online-from warmup   # skip the offline stage
     lit-agents multi2 --set trainer.max_epochs=1 --set backbone:data.init_args.demos=400
 """
 
@@ -35,6 +36,8 @@ from lit_agents.pipelines.quickstart import _cli
 STAGES = ("system1_sft", "system2_warmup", "system2_offline", "system2_online")
 # stages fitted only when ``--stages`` names them: alternatives to a stage of the paper's recipe
 OPT_IN = ("system2_grpo",)
+# stages that start from (and are anchored to) an earlier executor: ``--online-from``
+ONLINE = ("system2_online", "system2_grpo")
 
 
 def evaluate(cli, split: str, tasks: int | None = None) -> dict[str, Any]:
@@ -94,13 +97,20 @@ def _fit(config_dir: Path, name: str, out: Path, seed: int, overrides: list[str]
 
 def run(config_dir: Path, out: Path, seed: int, overrides: list[str], baselines: bool = True,
         splits: tuple[str, ...] = ("val", "test"), short: bool = False,
-        only: tuple[str, ...] | None = None) -> dict[str, Any]:
+        only: tuple[str, ...] | None = None, online_from: str = "offline") -> dict[str, Any]:
     """Fit the stages in order (``only``: just these, on the models and adapters an earlier run
-    left in ``out``; their results join that run's ``results.json``)."""
+    left in ``out``; their results join that run's ``results.json``). The online stages start
+    from, and are anchored to, the executor of ``online_from``: ``"offline"`` (the paper's
+    recipe) or ``"warmup"`` (the warm-up SFT executor: the offline stage skipped; AWAC's replay
+    buffer is still seeded from the offline data, ``offline_demos.jsonl``)."""
     out.mkdir(parents=True, exist_ok=True)
     backbone, adapters, demos = out / "backbone_model", out / "adapters", out / "offline_demos.jsonl"
     planner, warm, offline = adapters / "system1" / "planner", adapters / "warmup" / "executor", \
         adapters / "offline" / "executor"
+    starts = {"offline": offline, "warmup": warm}
+    if online_from not in starts:
+        raise ValueError(f"online_from must be one of {sorted(starts)}, got {online_from!r}")
+    start = starts[online_from]
 
     model = f"model.init_args.policy.init_args.model={backbone}"
     stages: list[tuple[str, list[str], tuple[str, Path] | None]] = [
@@ -109,11 +119,11 @@ def run(config_dir: Path, out: Path, seed: int, overrides: list[str], baselines:
         ("system2_warmup", [model, _dict_arg("frozen_adapters", planner=planner)], ("executor", warm.parent)),
         ("system2_offline", [model, _dict_arg("adapters", executor=warm), _dict_arg("frozen_adapters", planner=planner),
                              f"data.init_args.path={demos}"], ("executor", offline.parent)),
-        ("system2_online", [model, _dict_arg("adapters", executor=offline),
-                            _dict_arg("frozen_adapters", planner=planner, executor_offline=offline),
+        ("system2_online", [model, _dict_arg("adapters", executor=start),
+                            _dict_arg("frozen_adapters", planner=planner, executor_offline=start),
                             f"model.init_args.buffer_seed={demos}"], None),
-        ("system2_grpo", [model, _dict_arg("adapters", executor=offline),
-                          _dict_arg("frozen_adapters", planner=planner, executor_offline=offline)], None),
+        ("system2_grpo", [model, _dict_arg("adapters", executor=start),
+                          _dict_arg("frozen_adapters", planner=planner, executor_offline=start)], None),
     ]
     if baselines:
         stages += [
@@ -141,6 +151,8 @@ def run(config_dir: Path, out: Path, seed: int, overrides: list[str], baselines:
             policy.save_role(*save)
         tasks = cli.datamodule.val_tasks
         results["stages"][name] = {"seconds": seconds, **{s: evaluate(cli, s, tasks) for s in splits}}
+        if name in ONLINE:
+            results["stages"][name]["from"] = online_from
         results["stages"] = {k: results["stages"][k] for k in names if k in results["stages"]}
         saved.write_text(json.dumps(results, indent=2))
         sys.stdout.write(f"[multi2] {name}: " + ", ".join(
@@ -172,11 +184,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--short", action="store_true", help="tiny sizes everywhere: a smoke test in about a minute")
     parser.add_argument("--skip-baselines", action="store_true", help="only the hierarchy's stages")
     parser.add_argument("--stages", help="comma-separated stages to fit, on what an earlier run left in --out")
+    parser.add_argument("--online-from", choices=("offline", "warmup"), default="offline",
+                        help="the executor the online stages start from and are anchored to: the offline "
+                             "stage's (the paper's recipe) or the warm-up SFT's (the offline stage skipped)")
     args = parser.parse_args(argv)
     args.config_dir = args.config_dir or default_config_dir("multi2")
     only = tuple(args.stages.split(",")) if args.stages else None
     results = run(args.config_dir, args.out, args.seed, args.set, baselines=not args.skip_baselines,
-                  short=args.short, only=only)
+                  short=args.short, only=only, online_from=args.online_from)
     for split in ("val", "test"):
         sys.stdout.write("\n" + table(results, split) + "\n")
     return results
