@@ -94,6 +94,7 @@ def sharpness(folder: str | Path, role: str, rare: float = 0.1) -> Sharpness:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no rollouts.jsonl (`lit-agents eval ... --out {path.parent}` writes one)")
     tokens, actions, rare_actions, rollouts = [], 0, 0, 0
+    below = math.log(rare)
     with path.open() as f:
         for line in f:
             rollouts += 1
@@ -103,7 +104,7 @@ def sharpness(folder: str | Path, role: str, rare: float = 0.1) -> Sharpness:
                         continue
                     actions += 1
                     tokens += call["logprobs"]
-                    rare_actions += any(lp < math.log(rare) for lp in call["logprobs"])
+                    rare_actions += any(lp < below for lp in call["logprobs"])
     if not actions:
         raise ValueError(f"{path}: no action of role {role!r}")
     return Sharpness(logprob=sum(tokens) / len(tokens), rare=100 * rare_actions / actions,

@@ -267,14 +267,20 @@ def test_default_out():
     assert evaluate.default_out("c.yaml", Path("/x/my_adapter"), "val") == Path("/x/my_adapter-eval-val")
 
 
-def test_paired_eval_counts_tasks_gained_and_lost_on_the_same_rollouts(tmp_path, capsys, monkeypatch):
+@pytest.fixture
+def paired_eval(monkeypatch):
+    """`benchmarks/paired_eval.py`, loaded as a module."""
+    spec = importlib.util.spec_from_file_location("paired_eval", ROOT / "benchmarks" / "paired_eval.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "paired_eval", module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_paired_eval_counts_tasks_gained_and_lost_on_the_same_rollouts(tmp_path, capsys, paired_eval):
     """`benchmarks/paired_eval.py`: two evaluation folders written by `evaluate.write` are paired on
     (task, seed); the gains, losses and the exact sign test are counted by hand, and folders of
     different rollouts are refused rather than compared."""
-    spec = importlib.util.spec_from_file_location("paired_eval", ROOT / "benchmarks" / "paired_eval.py")
-    paired_eval = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "paired_eval", paired_eval)  # its dataclass looks its module up
-    spec.loader.exec_module(paired_eval)
 
     def folder(name: str, successes: list[bool], seeds: list[int]) -> Path:
         rows = [evaluate.result_row(Task(f"t{i % 4}", "goal"), seed, _rollout(ok, [0], 2))
@@ -299,14 +305,10 @@ def test_paired_eval_counts_tasks_gained_and_lost_on_the_same_rollouts(tmp_path,
         paired_eval.outcomes(tmp_path / "missing")
 
 
-def test_paired_eval_role_sharpness_reads_the_sampled_tokens_of_that_role(tmp_path, capsys, monkeypatch):
+def test_paired_eval_role_sharpness_reads_the_sampled_tokens_of_that_role(tmp_path, capsys, paired_eval):
     """`paired_eval.py --role`: the mean log-prob of one role's sampled tokens, the share of its
     actions with a token drawn at p < 0.1 and its actions per rollout, counted by hand; other
     roles' calls are not counted, and a role with no action is an error, not a 0."""
-    spec = importlib.util.spec_from_file_location("paired_eval", ROOT / "benchmarks" / "paired_eval.py")
-    paired_eval = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "paired_eval", paired_eval)
-    spec.loader.exec_module(paired_eval)
     rare, sure = -3.0, -0.1  # p ~ 0.05 (below 0.1) and p ~ 0.9
 
     def rollout(task: str, executor: list[list[float]]) -> Rollout:
