@@ -395,8 +395,11 @@ def test_system2_grpo_online_fit_trains_the_executor_only_with_its_kl_anchor(tin
 
     policy = _online_policy(tiny_config, tmp_path)
 
+    scored = []
+
     class FirstWins(System2GRPO):  # an untrained executor meets no subgoal: the first of each group scores 1
         def subgoal_rewards(self, episodes):
+            scored.append(len(episodes))
             groups = self.subgoal_groups(episodes).tolist()
             return torch.tensor([float(g not in groups[:n]) for n, g in enumerate(groups)])
 
@@ -411,6 +414,7 @@ def test_system2_grpo_online_fit_trains_the_executor_only_with_its_kl_anchor(tin
 
     trainer = _trainer(tmp_path, epochs=1, callbacks=[Spy(coef=0.1, reference="executor_offline")])
     trainer.fit(module, datamodule=data)
+    assert len(scored) == 1  # the epoch's rows and its statistics share one scoring
     params = dict(policy.named_parameters())
     assert all(torch.equal(p, params[n]) for n, p in planner.items())
     assert any(not torch.equal(p, params[n]) for n, p in executor.items())  # `.executor.` names only

@@ -402,6 +402,7 @@ class System2GRPO(GRPOPolicy):
         super().__init__(policy, **kwargs)
         self.role = role
         policy.set_role(role)
+        self._scored: tuple[list[Rollout], tuple[list[tuple[int, int, Session]], Tensor, Tensor]] | None = None
 
     def subgoal_episodes(self, rollouts: list[Rollout]) -> list[tuple[int, int, Session]]:
         """``(rollout index, session index, session)`` of every executor subgoal episode with calls."""
@@ -422,7 +423,11 @@ class System2GRPO(GRPOPolicy):
 
     def scored_episodes(self, rollouts: list[Rollout]) -> tuple[list[tuple[int, int, Session]], Tensor, Tensor]:
         """The epoch's subgoal episodes, their group ids and their scores (`subgoal_rewards`,
-        plus ``task_reward`` times their rollout's task success)."""
+        plus ``task_reward`` times their rollout's task success). Scored once per list of
+        rollouts: the epoch's statistics reuse the scores its rows were built from, so an
+        override of `subgoal_rewards` runs once an epoch."""
+        if self._scored is not None and self._scored[0] is rollouts:
+            return self._scored[1]
         episodes = self.subgoal_episodes(rollouts)
         if not episodes:
             return [], torch.zeros(0, dtype=torch.long), torch.zeros(0)
@@ -430,7 +435,8 @@ class System2GRPO(GRPOPolicy):
         if self.hparams.task_reward:
             solved = torch.tensor([float(rollouts[i].success) for i, _, _ in episodes])
             rewards = rewards + self.hparams.task_reward * solved
-        return episodes, self.subgoal_groups(episodes), rewards
+        self._scored = (rollouts, (episodes, self.subgoal_groups(episodes), rewards))
+        return self._scored[1]
 
     def rollouts_to_rows(self, rollouts: list[Rollout]) -> list[Row]:
         episodes, groups, rewards = self.scored_episodes(rollouts)
