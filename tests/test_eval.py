@@ -326,3 +326,56 @@ def test_paired_eval_role_sharpness_reads_the_sampled_tokens_of_that_role(tmp_pa
     assert "actions with a token at p < 0.1 66.7%, 1.5 actions a rollout" in capsys.readouterr().out
     with pytest.raises(ValueError, match="no action of role 'critic'"):
         paired_eval.sharpness(tmp_path / "run", "critic")
+
+
+def test_multi2_critic_ranks_the_offline_stages_actions(tmp_path):
+    """`benchmarks/multi2_critic.py` on a Multi2 offline stage's log folder: each demonstration
+    action is labelled expert or not, A = Q - V is the heads' (here 0.25 - (-0.75)), the cloning
+    weights put on the non-expert actions exactly their share, and a checkpoint without the
+    critic heads is refused."""
+    from lit_agents.data.demos import write_episodes
+
+    spec = importlib.util.spec_from_file_location("multi2_critic", ROOT / "benchmarks" / "multi2_critic.py")
+    multi2_critic = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(multi2_critic)
+    assert multi2_critic.auc(torch.tensor([0.3, 0.1, -0.2, 0.1]), torch.tensor([True, True, False, False])) == 0.875
+
+    config = yaml.safe_load((CONFIGS / "multi2" / "system2_offline.yaml").read_text())
+    config["model"]["init_args"]["policy"]["init_args"] = {
+        "model": "tiny", "roles": ["executor", "planner"], "lora_r": 4,
+        "tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64, "num_heads": 2, "num_kv_heads": 1}}
+    config["model"]["init_args"]["head_width"] = 8
+    config["data"]["init_args"].update(path=str(tmp_path / "demos.jsonl"), val_tasks=2)
+    log_dir = tmp_path / "system2_offline" / "version_0"
+    (log_dir / "checkpoints").mkdir(parents=True)
+    (log_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    cli = evaluate.build([log_dir / "config.yaml"])
+    env, agent = cli.datamodule.env, cli.datamodule.agent
+    tasks = list(env.tasks("train"))[:4]
+    episodes = [agent.expert_episode(env, t, eps, seed=k) for k, (t, eps) in enumerate(zip(tasks, [0, 1, 0, 1]))]
+    write_episodes(episodes, tmp_path / "demos.jsonl")
+    labels = [multi2_critic.expert_labels(env, e) for e in episodes]
+    assert [len(x) for x in labels] == [len(e.steps) for e in episodes]
+    assert all(labels[0]) and all(labels[2]) and not all(labels[1]) and not all(labels[3])
+    others = sum(not x for lab in labels for x in lab)
+
+    module = cli.model
+    with torch.no_grad():
+        for head, value in ((module.q, 0.25), (module.v, -0.75)):
+            for p in head.parameters():
+                p.zero_()
+            head.net[-1].bias.fill_(value)
+    torch.save({"state_dict": module.state_dict()}, log_dir / "checkpoints" / "last.ckpt")
+    report = multi2_critic.main([str(log_dir), "--episodes", "0"])
+    steps = sum(len(e.steps) for e in episodes)
+    assert report["episodes"] == 4 and report["other"]["actions"] == others
+    assert report["expert"]["actions"] + report["other"]["actions"] == steps
+    assert report["expert"]["mean"] == pytest.approx(1.0) and report["other"]["positive"] == 1.0
+    assert report["other_mass"]["uniform (cloning)"] == pytest.approx(others / steps)
+    assert report["other_mass"]["1[A > 0]"] == pytest.approx(others / steps)
+    assert json.loads((log_dir / "critic.json").read_text())["other"]["actions"] == others
+
+    state = {k: v for k, v in module.state_dict().items() if not k.startswith("q.")}
+    torch.save({"state_dict": state}, log_dir / "checkpoints" / "last.ckpt")
+    with pytest.raises(ValueError, match="missing heads"):
+        multi2_critic.main([str(log_dir)])
