@@ -196,9 +196,10 @@ class FilteredBCActorCritic(System2ActorCritic):
     Measured on TextCraft with half of the 3200 offline episodes epsilon-noisy (3 seeds), it is
     level with the default weights greedy and above them sampled, and below behaviour cloning on
     the same data on every seed: the critic ranks the expert's actions above the random ones only
-    weakly (AUC 0.65, `benchmarks/multi2_critic.py`) and the filter drops 40-60% of the good
-    actions with the bad (docs/results.md, "Does Multi2's offline critic beat cloning on data it
-    can rank?"). It is an example of the extension point, not a recommended setting.
+    weakly (AUC 0.65, `benchmarks/multi2_critic.py`), the filter drops 40-60% of the good
+    actions with the bad, and keeping as many actions at random does at least as well
+    (docs/results.md, "Does Multi2's offline critic beat cloning on data it can rank?").
+    It is an example of the extension point, not a recommended setting.
     """
 
     def actor_weights(self, advantages: Tensor, episodes: Tensor) -> Tensor:
