@@ -88,14 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
     rollouts = [dm.agent.replay(module.policy, dm.env, e, i) for i, e in enumerate(episodes)]
     rows = transition_rows(rollouts, module.role)
     # the rows' actions, in order, are their rollout's steps in order (one executor call a step)
-    taken: dict[int, int] = {}
-    expert, solved = [], []
-    for row in rows:
-        i = row.meta["rollout"]
-        for _ in row.meta["spans"]:
-            expert.append(labels[i][taken.get(i, 0)])
-            solved.append(episodes[i].success)
-            taken[i] = taken.get(i, 0) + 1
+    steps = [iter(lab) for lab in labels]
+    expert = [next(steps[row.meta["rollout"]]) for row in rows for _ in row.meta["spans"]]
     adv = advantages(module, rows)
     expert_t = torch.tensor(expert, dtype=torch.bool)
     hp = module.hparams

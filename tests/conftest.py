@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +72,21 @@ def record_losses():
         return losses
 
     return wrap
+
+
+@pytest.fixture()
+def load_benchmark(monkeypatch):
+    """``load_benchmark(name)``: ``benchmarks/<name>.py`` loaded as a module, with its folder on
+    ``sys.path`` (a script may import its siblings) and itself in ``sys.modules`` (its dataclasses
+    look their module up); both undone after the test."""
+    folder = Path(__file__).parents[1] / "benchmarks"
+
+    def load(name: str):
+        monkeypatch.syspath_prepend(str(folder))
+        spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, name, module)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -2,34 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 from transformers import AutoTokenizer
 
 from lit_agents.envs import TextCraft
 from lit_agents.tiny import embedded_default
 
-BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
-
-def _load(name: str):
-    sys.path.insert(0, str(BENCHMARKS))  # learn_vs_trl imports its sibling trl_matched
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-
-
-def test_a_prompt_pool_is_one_fixed_draw_that_each_task_finds_again(tiny_config):
+def test_a_prompt_pool_is_one_fixed_draw_that_each_task_finds_again(tiny_config, load_benchmark):
     """``--pool N``: the same N prompts in every run, re-indexed so that the env serves each task its
     own prompt (a wrong index would train one task's completions against another's reward)."""
-    bench = _load("learn_vs_trl")
+    bench = load_benchmark("learn_vs_trl")  # it imports its sibling trl_matched
     textcraft = TextCraft(**bench.QUICKSTART_ENV, max_steps=12, train_goals=4)
     agent = bench.GivenPrompt(max_new_tokens=8, temperature=1.0, system_prompt="")
     prompts, failed, mismatched = bench.final_craft_prompts(
@@ -51,12 +33,12 @@ def test_a_prompt_pool_is_one_fixed_draw_that_each_task_finds_again(tiny_config)
     assert len(bench.pool(prompts, 0)) == len(bench.pool(prompts, 10**6)) == len(prompts)
 
 
-def test_row_batches_cut_r_rows_from_the_cheaper_order(tiny_config):
+def test_row_batches_cut_r_rows_from_the_cheaper_order(tiny_config, load_benchmark):
     """``--rows-per-batch R`` (vs_trl_multiturn.py): our micro-batches hold R rows, as TRL's do, cut
     from the order our own batching would pick: a task's rows together where their prompt is long."""
     from lit_agents.algorithms.collate import segments_row
 
-    matched = _load("trl_matched")
+    matched = load_benchmark("trl_matched")
     data = matched.RowBatches(TextCraft(**matched.QUICKSTART_ENV), rows_per_batch=4)
 
     def task(prompt: list[int], own: list[int], group: int) -> list:

@@ -187,17 +187,12 @@ def test_rao_depth_baseline_compares_subagents_with_subagents(policy):
         RAOPolicy(policy, baseline="tree")
 
 
-def test_rao_credit_benchmark_reads_saved_rollouts(tmp_path, capsys):
+def test_rao_credit_benchmark_reads_saved_rollouts(tmp_path, capsys, load_benchmark):
     """`benchmarks/rao_credit.py` on a run folder: per depth, success and the credit under both
     baselines, the run's lam read from hparams.yaml; one file per epoch (group ids restart)."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).parents[1] / "benchmarks" / "rao_credit.py"
-    spec = importlib.util.spec_from_file_location("rao_credit", path)
-    rao_credit = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rao_credit)
+    rao_credit = load_benchmark("rao_credit")
     (tmp_path / "rollouts").mkdir()
     (tmp_path / "hparams.yaml").write_text("lam: 0.4\npropagate_root: false\n")
     lines = "\n".join(json.dumps(t.to_dict()) for t in _credit_trees()[:3])  # group 0
@@ -213,19 +208,14 @@ def test_rao_credit_benchmark_reads_saved_rollouts(tmp_path, capsys):
     assert rao_credit.main([str(tmp_path)])["root"][1]["mean_adv"] == pytest.approx(0.5)
 
 
-def test_rao_asks_benchmark_scores_requests_against_the_recipe(tmp_path, capsys):
+def test_rao_asks_benchmark_scores_requests_against_the_recipe(tmp_path, capsys, load_benchmark):
     """`benchmarks/rao_asks.py`: a request is over / exact / under what the node's recipe needs
     (ceil((goal - have) / output) x the ingredient's amount); saved advantages are averaged by kind."""
-    import importlib.util
     import json
-    from pathlib import Path
 
     from lit_agents.types import Rollout, Session
 
-    path = Path(__file__).parents[1] / "benchmarks" / "rao_asks.py"
-    spec = importlib.util.spec_from_file_location("rao_asks", path)
-    rao_asks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rao_asks)
+    rao_asks = load_benchmark("rao_asks")
     recipe = "Recipe: 1 ranusu, 2 vifuro -> 2 lakude. You have 0 lakude."
     # craft 3 lakude -> 2 crafts: 2 ranusu and 4 vifuro are needed
     assert rao_asks.request_kinds(recipe, 'launch_subagent("craft 2 ranusu"), launch_subagent("craft 8 vifuro")',
