@@ -60,7 +60,6 @@ class _Node(Cursor):
     answer: str = ""
     reason: str = ""  # why it ended: finished, max_steps or context
     waiting: dict[int, _Node] = field(default_factory=dict)
-    answers: dict[int, str] = field(default_factory=dict)
 
 
 class RecursiveAgent(Agent):
