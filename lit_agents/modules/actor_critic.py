@@ -361,10 +361,11 @@ class System2GRPO(GRPOPolicy):
     **[departure]**: not the paper's AWAC, an alternative to `System2ActorCritic`'s online phase.
 
     Multi2's offline and AWAC actors weigh the data's actions by positive weights: they can
-    down-weight a failing action but never push it down, and on TextCraft no offline or AWAC
-    variant lifted the executor above its warm-up SFT start (docs/results.md, "Which Multi2 role
-    fails"). This module trains the executor on the epoch's own sampled subgoal episodes with
-    GRPO's signed advantage instead:
+    down-weight a failing action but never push it down. This module trains the executor on the
+    epoch's own sampled subgoal episodes with GRPO's signed advantage instead. Measured on
+    TextCraft (3 seeds), it does no better than AWAC and lengthens the executor's episodes:
+    from the shipped offline stage and from cloning it moves held-out success by less than the
+    seed spread (docs/results.md, "Multi2 online from the best offline starts"). How it works:
 
     - an executor session (one subgoal episode) scores its summed per-step rewards, Multi2's
       executor reward: 1 when its subgoal is met, plus the environment's reward;
