@@ -3,6 +3,8 @@ share the inventory, limits hold, every waiting node of every tree is batched.""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from lit_agents.agents import written_call
@@ -404,3 +406,71 @@ def test_rao_decisions_finds_the_call_where_two_greedy_trees_part(tmp_path, monk
     (tmp_path / "after.jsonl").write_text(json.dumps(after[0].to_dict()) + "\n")
     with pytest.raises(SystemExit, match="different tasks"):
         decisions.main([str(tmp_path / "start.jsonl"), str(tmp_path / "after.jsonl")])
+
+
+def test_amount_check_passes_the_expert_and_flags_wrong_amounts(policy):
+    """`check_amounts` reads a node's transcript: every amount the look-first expert writes is
+    right; a request for more than the recipe needs, or a craft of more runs than the goal's, is
+    wrong; a craft rounded up within the same runs is right."""
+    from lit_agents.envs.textcraft_synth import check_amounts
+
+    env = TextCraftSynth(difficulty="medium")
+    agent = RecursiveAgent(look_first=True, max_nodes=128, max_depth=12, max_new_tokens=256, system_prompt="")
+    checked = 0
+    for task in env.tasks("train")[:2]:
+        for session in agent.expert_rollout(policy, env, task).sessions:
+            prompt = ""
+            for call in session.calls:
+                prompt += call.prompt_text + "\n"
+                checks = check_amounts(prompt, call.completion_text, session.goal)
+                assert all(right for *_, right in checks), (session.goal, call.completion_text)
+                checked += len(checks)
+                prompt += call.completion_text + "\n"
+    assert checked >= 10
+    read = "Goal: craft 3 kavoru.\nRecipe: 1 temila, 2 rosani -> 2 kavoru. You have 0 kavoru."
+    code = ('await asyncio.gather(launch_subagent("craft 2 temila"), launch_subagent("craft 5 rosani"))\n'
+            'print(craft("kavoru", 4))\nprint(craft("kavoru", 5))\nprint(craft("tuvo", 9))')
+    checks = check_amounts(read, code, "craft 3 kavoru")
+    assert [(code[a:b], right) for a, b, right in checks] == [("2", True), ("5", False), ("4", True), ("5", False)]
+    assert check_amounts("Goal: craft 3 kavoru.", code, "craft 3 kavoru") == [checks[2][:2] + (False,),
+                                                                              checks[3][:2] + (False,)]
+
+
+def test_rao_amount_credit_replaces_the_node_advantage_on_amount_tokens(policy):
+    """``amount_credit``: the tokens of each checked amount get ``amount_credit x (1[right] -
+    share right)`` in place of their node's advantage; every other token keeps the node's."""
+    from lit_agents.envs.textcraft_synth import check_amounts
+    from lit_agents.modules import RAOPolicy
+
+    env = TextCraftSynth(difficulty="easy")
+    task = next(t for t in env.tasks("train") if env.world.tier[next(iter(env.parse_goal(t.goal)))] >= 2)
+
+    def script(node):  # the expert, except that the root asks for one more of each ingredient
+        code = env.expert_turn(node.state, node.steps, True)
+        if node.depth == 0 and node.steps == 1:
+            code = re.sub(r'craft (\d+)', lambda m: f"craft {int(m[1]) + 1}", code)
+        return code
+
+    trees = Scripted(script, look_first=True, max_nodes=32, max_depth=8).run(policy, env, [task], group_size=2)
+    plain = RAOPolicy(policy, lam=0.4, depth_weighting=False).rollouts_to_rows(trees)
+    module = RAOPolicy(policy, lam=0.4, depth_weighting=False, amount_credit=2.0,
+                       amount_check="lit_agents.envs.textcraft_synth.check_amounts")
+    rows = module.rollouts_to_rows(trees)
+    share = module._amounts_right
+    assert 0 < share < 1
+    changed = {False: [], True: []}  # (depth, token text) of the tokens whose advantage changed
+    for before, after in zip(plain, rows):
+        session = trees[after.meta["rollout"]].sessions[after.meta["session"]]
+        for k, (a, b) in enumerate(zip(before.advantages, after.advantages)):
+            if a != b:
+                right = b > 0
+                assert b == pytest.approx(2.0 * (float(right) - share))
+                changed[right].append((session.depth, policy.tokenizer.decode([after.input_ids[k]]).strip()))
+    asks = trees[0].sessions[0].calls[1].completion_text.count("launch_subagent")
+    assert asks >= 1 and len(changed[False]) >= 2 * asks  # every wrong request, in both trees
+    assert changed[True]
+    assert all(depth == 0 for depth, _ in changed[False])  # only the root's requests are wrong
+    assert all(text.isdigit() for _, text in changed[False] + changed[True])
+    with pytest.raises(ValueError, match="amount_check"):
+        RAOPolicy(policy, amount_credit=1.0)
+    assert check_amounts is module.amount_check

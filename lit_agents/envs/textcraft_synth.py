@@ -63,6 +63,9 @@ _MAX_ACTION_CHARS = 500
 _GET_INFO = re.compile(r"get[_ ]info (\S+)")
 _CRAFT = re.compile(r"craft (?:(\d+) )?(\S+)")
 _GOAL_PART = re.compile(r"(?:(\d{1,6})\s*x?\s+)?([a-z]+)")
+_READ_RECIPE = re.compile(r"Recipe: (.*?) -> (\d+) ([a-z]+)")
+_ASK = re.compile(r"""launch_subagent\(\s*["']craft (\d+) ([a-z]+)["']\s*\)""")
+_CRAFT_CALL = re.compile(r"""craft\(\s*["']([a-z]+)["']\s*,\s*(?:n\s*=\s*)?(\d+)\s*\)""")
 
 
 @dataclass(frozen=True)
@@ -632,6 +635,44 @@ class TextCraftSynth(TextEnv):
                 yield f"{self.world.recipes[name].line}."
             else:
                 yield f"{name} is a raw material: it cannot be crafted."
+
+
+def check_amounts(prompt: str, completion: str, goal: str) -> list[tuple[int, int, bool]]:
+    """Whether each amount a recursive node writes is the one its goal and the recipes it has read
+    need, by the expert's rule (`TextCraftSynth.expert_recursive_program`): a request
+    ``launch_subagent("craft K x")`` needs ``K = sum over the goal's targets t of ceil(N_t / yield_t)
+    x (x's count in t's recipe)``, over the recipes ``prompt`` shows (``Recipe: 1 x, 2 y -> 2 t``);
+    a ``craft("t", n)`` of a goal target needs as many runs of t's recipe as ``N_t`` (``n = N_t``
+    where the recipe was not read). Amounts whose need the node cannot know
+    from what it read (no recipe of a target naming ``x``; an item outside the goal) are left out.
+    A check from the text alone, so it scores saved rollouts too (RAO's amount credit,
+    `RAOPolicy`'s ``amount_credit``).
+
+    Args:
+        prompt: what the node has read before writing ``completion`` (its goal, observations).
+        completion: the code it wrote.
+        goal: its goal, ``craft N t[, N t ...]``.
+
+    Returns:
+        ``(start, end, right)`` per checked amount: its characters in ``completion`` and whether
+        it is the needed one.
+    """
+    wanted: dict[str, int] = {}
+    for m in _GOAL_PART.finditer(str(goal).lower().removeprefix("craft ")):
+        wanted[m[2]] = wanted.get(m[2], 0) + int(m[1] or 1)
+    need: Counter[str] = Counter()
+    made: dict[str, int] = {}  # a target's yield per run, where its recipe was read
+    for used, count, output in {m.groups() for m in _READ_RECIPE.finditer(prompt)}:  # each recipe once
+        if output in wanted:
+            made[output] = int(count)
+            for n, item in re.findall(r"(\d+) ([a-z]+)", used):
+                need[item] += -(-wanted[output] // int(count)) * int(n)
+    checks = [(m.start(1), m.end(1), int(m[1]) == need[m[2]]) for m in _ASK.finditer(completion) if m[2] in need]
+    for m in _CRAFT_CALL.finditer(completion):  # right: as many runs of the recipe as the goal's amount
+        if (target := m[1]) in wanted:
+            runs = made.get(target, 1)
+            checks.append((m.start(2), m.end(2), -(-int(m[2]) // runs) == -(-wanted[target] // runs)))
+    return sorted(checks)
 
 
 def _missing(

@@ -11,6 +11,12 @@ of each session is the node's own verified success. Per node X of tree i:
 - ``A'(X) = w_depth(X) * A(X)``, inverse-frequency depth weights over the batch (mean 1 over
   rows, `advantages.depth_weights`), or none.
 
+With ``amount_credit`` (off by default; a departure from the paper) the tokens of each amount a
+node writes that an ``amount_check`` can verify from the node's own transcript (on
+TextCraft-Synth `envs.textcraft_synth.check_amounts`: what a subagent is asked for, what a node
+crafts) are credited by that check instead of by the node's outcome:
+``amount_credit x (1[right] - the batch's share of right amounts)``.
+
 CISPO by default, no KL by default. The linear baseline is the same module on rollouts of
 ``RecursiveAgent(recursive=False)``.
 
@@ -20,6 +26,7 @@ Extension points for subclasses (docs/extending.md, examples/subclasses.py): `no
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -31,6 +38,7 @@ from lit_agents.algorithms.advantages import (
     rao_node_rewards,
 )
 from lit_agents.algorithms.collate import Row, session_rows
+from lit_agents.modules.base import import_callable
 from lit_agents.modules.grpo import GRPOPolicy
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Rollout
@@ -56,17 +64,28 @@ class RAOPolicy(GRPOPolicy):
             but their tokens count in the step's token mean, so when most trees fail they shrink
             every step. Off by default (the paper keeps them; on one seed it made steps larger
             and ended lower: docs/results.md).
+        amount_credit: weight of the amount credit (0: off, the paper's node credit only).
+        amount_check: ``(prompt, completion, goal) -> [(start, end, right), ...]``, the amounts in
+            a completion its node could have got right, as character spans, and whether it did
+            (`envs.textcraft_synth.check_amounts`), or its import path. Needed when
+            ``amount_credit`` is set.
         **kwargs: see `GRPOPolicy`.
     """
 
     def __init__(self, policy: AgentPolicy, lam: float = 0.4, propagate_root: bool = False,
                  depth_weighting: bool = True, baseline: Literal["root", "depth"] = "root",
-                 loss: Literal["cispo", "ppo"] = "cispo", drop_zero_signal: bool = False, **kwargs: Any) -> None:
+                 loss: Literal["cispo", "ppo"] = "cispo", drop_zero_signal: bool = False, amount_credit: float = 0.0,
+                 amount_check: Callable[[str, str, str], list[tuple[int, int, bool]]] | str | None = None,
+                 **kwargs: Any) -> None:
         if baseline not in ("root", "depth"):
             raise ValueError(f"baseline must be 'root' or 'depth', got {baseline!r}")
+        if amount_credit and amount_check is None:
+            raise ValueError("amount_credit needs an amount_check, e.g. lit_agents.envs.textcraft_synth.check_amounts")
         super().__init__(policy, loss=loss, drop_zero_signal=drop_zero_signal, **kwargs)
         self.lam, self.propagate_root, self.depth_weighting = lam, propagate_root, depth_weighting
         self.baseline = baseline
+        self.amount_check = None if amount_check is None else import_callable(amount_check)
+        self._amounts_right: float | None = None  # the last batch's share of right amounts, logged
 
     def node_rewards(self, rollouts: list[Rollout]) -> Tensor:
         """The reward ``R(X)`` of every node, the rollouts' sessions one after the other.
@@ -85,10 +104,57 @@ class RAOPolicy(GRPOPolicy):
 
     def rollouts_to_rows(self, rollouts: list[Rollout]) -> list[Row]:
         rows = session_rows(rollouts, self.node_advantages(rollouts), self.hparams.max_row_tokens)
+        if self.hparams.amount_credit:
+            self._credit_amounts(rollouts, rows)
         if self.hparams.drop_zero_signal:
             rows = [row for row in rows if any(a != 0.0 for a in row.advantages)]
         return rows
 
+    def _credit_amounts(self, rollouts: list[Rollout], rows: list[Row]) -> None:
+        """Give the tokens of every checked amount ``amount_credit x (1[right] - share right)``
+        in place of their node's advantage (``amount_credit``)."""
+        found = []  # (row, token positions, right)
+        for row in rows:
+            session = rollouts[row.meta["rollout"]].sessions[row.meta["session"]]
+            offset, prompt = 0, ""
+            for call in session.calls:
+                prompt += call.prompt_text + "\n"
+                start = offset + len(call.prompt_ids)
+                offset = start + len(call.completion_ids)
+                for positions, right in amount_tokens(self.policy.tokenizer, call.completion_ids, prompt,
+                                                      session.goal, self.amount_check):
+                    found.append((row, [start + p for p in positions if start + p < len(row.advantages)], right))
+                prompt += call.completion_text + "\n"
+        self._amounts_right = sum(right for *_, right in found) / len(found) if found else None
+        if found:
+            for row, positions, right in found:
+                for p in positions:
+                    row.advantages[p] = self.hparams.amount_credit * (float(right) - self._amounts_right)
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        super().on_before_optimizer_step(optimizer)
+        if self._amounts_right is not None:
+            self.log("train/amounts_right", self._amounts_right, on_step=True, on_epoch=False)
+
+
+
+def amount_tokens(tokenizer, ids: list[int], prompt: str, goal: str,
+                  check: Callable[[str, str, str], list[tuple[int, int, bool]]]) -> list[tuple[list[int], bool]]:
+    """The amounts ``check`` verifies in a completion (token ``ids``) as token positions: for each,
+    the positions of the tokens overlapping its characters and whether it is right. Characters
+    are counted on the completion decoded as the agent decodes it (special tokens skipped)."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    checks = check(prompt, text, goal)
+    if not checks:
+        return []
+    ends, last = [], max(end for _, end, _ in checks)
+    for k in range(1, len(ids) + 1):  # where each token's text ends
+        ends.append(len(tokenizer.decode(ids[:k], skip_special_tokens=True)))
+        if ends[-1] >= last:
+            break
+    starts = [0, *ends[:-1]]
+    return [([k for k, (a, b) in enumerate(zip(starts, ends)) if a < end and b > start], right)
+            for start, end, right in checks]
 
 
 def tree_node_rewards(rollouts: list[Rollout], lam: float = 0.4, propagate_root: bool = False) -> Tensor:
