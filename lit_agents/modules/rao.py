@@ -126,16 +126,14 @@ class RAOPolicy(GRPOPolicy):
                     found.append((row, [start + p for p in positions if start + p < len(row.advantages)], right))
                 prompt += call.completion_text + "\n"
         self._amounts_right = sum(right for *_, right in found) / len(found) if found else None
-        if found:
-            for row, positions, right in found:
-                for p in positions:
-                    row.advantages[p] = self.hparams.amount_credit * (float(right) - self._amounts_right)
+        for row, positions, right in found:
+            for p in positions:
+                row.advantages[p] = self.hparams.amount_credit * (float(right) - self._amounts_right)
 
     def on_before_optimizer_step(self, optimizer) -> None:
         super().on_before_optimizer_step(optimizer)
         if self._amounts_right is not None:
             self.log("train/amounts_right", self._amounts_right, on_step=True, on_epoch=False)
-
 
 
 def amount_tokens(tokenizer, ids: list[int], prompt: str, goal: str,
