@@ -4,7 +4,10 @@ have H out`` is *over* when K exceeds ceil((goal count - H) / N) x the ingredien
 when below it, else *exact*. Asking for more than needed spends base items the node's siblings
 share, so their trees fail while the greedy subagent meets its own goal. With saved training
 rollouts (``--data.init_args.save_rollouts=true``) it also prints the mean advantage the nodes that
-wrote over-asking and exact requests were trained with. No model is loaded.
+wrote over-asking and exact requests were trained with. A second line scores every amount by the
+environment's own check (`envs.textcraft_synth.check_amounts`, the expert's rule, which does not
+net out held items): the share right, and how often a tree is solved when every amount in it is
+right against when one is wrong. No model is loaded.
 
     python benchmarks/rao_asks.py <log_dir>/eval/last-val/rollouts.jsonl     # rao_trees.py's output
     python benchmarks/rao_asks.py runs/rao_recursive/version_0/rollouts/train-epoch*.jsonl
@@ -18,6 +21,7 @@ import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from lit_agents.envs.textcraft_synth import check_amounts
 from lit_agents.types import Rollout
 from lit_agents.viewer import read_rollouts
 
@@ -76,6 +80,29 @@ def ask_stats(trees: list[Rollout]) -> dict:
     return out
 
 
+def tree_amounts(trees: list[Rollout]) -> dict:
+    """Every amount `check_amounts` verifies in ``trees`` (requests and crafts, each node's code
+    checked against what it has read so far): the share right (%), and the trees whose every
+    checked amount is right against those with a wrong one, with the share of each solved (%)."""
+    checked = right = 0
+    trees_by: dict[bool, list[bool]] = {True: [], False: []}
+    for tree in trees:
+        all_right, n = True, 0
+        for session in tree.sessions:
+            prompt = ""
+            for call in session.calls:
+                prompt += call.prompt_text + "\n"
+                for *_, ok in check_amounts(prompt, call.completion_text, session.goal):
+                    n, right, all_right = n + 1, right + ok, all_right and ok
+                prompt += call.completion_text + "\n"
+        checked += n
+        trees_by[all_right].append(bool(tree.sessions[0].success))
+    pct = lambda xs: 100 * sum(xs) / len(xs) if xs else None  # noqa: E731
+    return {"amounts": checked, "amounts_right": pct([1] * right + [0] * (checked - right)),
+            "trees_all_right": len(trees_by[True]), "solved_all_right": pct(trees_by[True]),
+            "trees_some_wrong": len(trees_by[False]), "solved_some_wrong": pct(trees_by[False])}
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", type=Path, nargs="+", help="rollout JSONL files (eval or training)")
@@ -83,7 +110,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for path in args.files:
         trees = [tree for _, tree in read_rollouts([path])]
-        stats = ask_stats(trees)
+        stats = ask_stats(trees) | tree_amounts(trees)
         rows.append({"file": str(path), **stats})
         line = (f"{path}: {stats['requests']} requests, over {stats['over']:.1f}%, exact {stats['exact']:.1f}%, "
                 f"under {stats['under']:.1f}%")
@@ -91,6 +118,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             fmt = lambda a: "-" if a is None else f"{a:+.3f}"  # noqa: E731
             line += f"; node advantage over {fmt(stats['adv_over'])}, exact/under {fmt(stats['adv_exact'])}"
         print(line)
+        fmt = lambda a: "-" if a is None else f"{a:.0f}%"  # noqa: E731
+        print(f"  {stats['amounts']} amounts checked, {fmt(stats['amounts_right'])} right; trees with every "
+              f"amount right: {stats['trees_all_right']}, solved {fmt(stats['solved_all_right'])}; with a wrong "
+              f"amount: {stats['trees_some_wrong']}, solved {fmt(stats['solved_some_wrong'])}")
     return rows
 
 

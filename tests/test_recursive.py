@@ -212,7 +212,8 @@ def test_rao_credit_benchmark_reads_saved_rollouts(tmp_path, capsys, load_benchm
 
 def test_rao_asks_benchmark_scores_requests_against_the_recipe(tmp_path, capsys, load_benchmark):
     """`benchmarks/rao_asks.py`: a request is over / exact / under what the node's recipe needs
-    (ceil((goal - have) / output) x the ingredient's amount); saved advantages are averaged by kind."""
+    (ceil((goal - have) / output) x the ingredient's amount); saved advantages are averaged by kind;
+    `check_amounts` scores every amount, and trees split by whether all of theirs are right."""
     import json
 
     from lit_agents.types import Rollout, Session
@@ -246,6 +247,15 @@ def test_rao_asks_benchmark_scores_requests_against_the_recipe(tmp_path, capsys,
     assert row["requests"] == 3 and row["over"] == pytest.approx(100 / 3) and row["exact"] == pytest.approx(200 / 3)
     assert row["adv_over"] == pytest.approx(-0.5) and row["adv_exact"] == pytest.approx(0.25)
     assert "over 33.3%" in capsys.readouterr().out
+    # by the env's own check: 2 of the 3 amounts right, and this unsolved tree holds the wrong one;
+    # a solved tree whose amounts are all right counts on the other side
+    assert row["amounts"] == 3 and row["amounts_right"] == pytest.approx(200 / 3)
+    assert (row["trees_all_right"], row["trees_some_wrong"], row["solved_some_wrong"]) == (0, 1, 0.0)
+    solved = node(0, 'launch_subagent("craft 1 ranusu"), launch_subagent("craft 2 vifuro")', 0.0)
+    solved.success = True
+    both = rao_asks.tree_amounts([*trees, Rollout("u", 0, [solved], 1.0, True)])
+    assert (both["trees_all_right"], both["solved_all_right"], both["trees_some_wrong"]) == (1, 100.0, 1)
+    assert both["amounts_right"] == pytest.approx(80.0)
 
 
 def test_rao_update_probe_reads_the_request_counts_an_update_moves(tmp_path, tiny_config, monkeypatch):
