@@ -258,6 +258,41 @@ def test_rao_asks_benchmark_scores_requests_against_the_recipe(tmp_path, capsys,
     assert both["amounts_right"] == pytest.approx(80.0)
 
 
+def test_rao_margins_benchmark_reads_the_gap_at_each_amount(policy, load_benchmark):
+    """`benchmarks/rao_margins.py`: at each checked amount's first token, the gap between the
+    model's top token and the runner-up, and whether the top token is the written one (a model that
+    puts 5 on "2" and 4 on "3": a written 2, right, is kept at a 1-nat gap; a written 3 is wrong
+    and changed)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from lit_agents.types import Rollout, Session
+
+    rao_margins = load_benchmark("rao_margins")
+    tok = policy.tokenizer
+    two, three = tok.convert_tokens_to_ids("2"), tok.convert_tokens_to_ids("3")
+
+    def model(input_ids):
+        logits = torch.zeros(*input_ids.shape, len(tok))
+        logits[..., two], logits[..., three] = 5.0, 4.0
+        return SimpleNamespace(logits=logits)
+
+    prompt = "Recipe: 1 ranusu, 2 vifuro -> 1 lakude. You have 0 lakude."  # craft 1 lakude: 2 vifuro
+
+    def tree(count):
+        completion = f'print(await launch_subagent("craft {count} vifuro"))'
+        call = Call(tok.encode(prompt), tok.encode(completion), [0.0] * len(tok.encode(completion)),
+                    prompt_text=prompt, completion_text=completion)
+        return Rollout("t", 0, [Session(0, "main", None, 0, [call], goal="craft 1 lakude")], 0.0, False)
+
+    right, wrong = rao_margins.amount_margins(SimpleNamespace(tokenizer=tok, model=model), [tree(2), tree(3)])
+    assert right.gap == pytest.approx(1.0) and right.right and right.kept and right.ask
+    assert wrong.gap == pytest.approx(1.0) and not wrong.right and not wrong.kept
+    s = rao_margins.summary([right, wrong])
+    assert (s["amounts"], s["gap<1"], s["gap<2"], s["changed_right"], s["changed_wrong"]) == (2, 0.0, 100.0, 0.0, 100.0)
+
+
 def test_rao_update_probe_reads_the_request_counts_an_update_moves(tmp_path, tiny_config, monkeypatch):
     """`benchmarks/rao_update_probe.py`: the probe sits on the first digit of each scored request
     (here 4 where the recipe needs 2), an update that rewards the over-asking node makes the larger
