@@ -22,6 +22,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from lit_agents.envs.textcraft_synth import check_amounts
+from lit_agents.modules.rao import node_calls
 from lit_agents.types import Rollout
 from lit_agents.viewer import read_rollouts
 
@@ -84,21 +85,14 @@ def tree_amounts(trees: list[Rollout]) -> dict:
     """Every amount `check_amounts` verifies in ``trees`` (requests and crafts, each node's code
     checked against what it has read so far): the share right (%), and the trees whose every
     checked amount is right against those with a wrong one, with the share of each solved (%)."""
-    checked = right = 0
-    trees_by: dict[bool, list[bool]] = {True: [], False: []}
+    checked, trees_by = [], {True: [], False: []}  # every amount's rightness; roots solved by all-right
     for tree in trees:
-        all_right, n = True, 0
-        for session in tree.sessions:
-            prompt = ""
-            for call in session.calls:
-                prompt += call.prompt_text + "\n"
-                for *_, ok in check_amounts(prompt, call.completion_text, session.goal):
-                    n, right, all_right = n + 1, right + ok, all_right and ok
-                prompt += call.completion_text + "\n"
-        checked += n
-        trees_by[all_right].append(bool(tree.sessions[0].success))
+        rights = [ok for session in tree.sessions for call, _, prompt in node_calls(session)
+                  for *_, ok in check_amounts(prompt, call.completion_text, session.goal)]
+        checked += rights
+        trees_by[all(rights)].append(bool(tree.sessions[0].success))
     pct = lambda xs: 100 * sum(xs) / len(xs) if xs else None  # noqa: E731
-    return {"amounts": checked, "amounts_right": pct([1] * right + [0] * (checked - right)),
+    return {"amounts": len(checked), "amounts_right": pct(checked),
             "trees_all_right": len(trees_by[True]), "solved_all_right": pct(trees_by[True]),
             "trees_some_wrong": len(trees_by[False]), "solved_some_wrong": pct(trees_by[False])}
 

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 
 from lit_agents.envs.textcraft_synth import check_amounts
-from lit_agents.modules.rao import amount_tokens
+from lit_agents.modules.rao import amount_tokens, node_calls
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Rollout
 from lit_agents.viewer import read_rollouts
@@ -37,11 +37,8 @@ def amount_margins(policy: AgentPolicy, trees: list[Rollout]) -> list[Amount]:
     out = []
     for tree in trees:
         for session in tree.sessions:
-            ids, found, prompt, offset = session.token_ids, [], "", 0
-            for call in session.calls:
-                prompt += call.prompt_text + "\n"
-                start = offset + len(call.prompt_ids)
-                offset = start + len(call.completion_ids)
+            ids, found = session.token_ids, []
+            for call, start, prompt in node_calls(session):
                 text = call.completion_text
                 checks = check_amounts(prompt, text, session.goal)
                 asks = ["launch_subagent" in text[max(0, a - 30):a] for a, _, _ in checks]
@@ -49,7 +46,6 @@ def amount_margins(policy: AgentPolicy, trees: list[Rollout]) -> list[Amount]:
                 for (positions, right), ask in zip(spans, asks):
                     if positions and start + positions[0] > 0:
                         found.append((start + positions[0], right, ask))
-                prompt += text + "\n"
             if not found:
                 continue
             with torch.no_grad():

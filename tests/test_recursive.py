@@ -458,19 +458,17 @@ def test_amount_check_passes_the_expert_and_flags_wrong_amounts(policy):
     right; a request for more than the recipe needs, or a craft of more runs than the goal's, is
     wrong; a craft rounded up within the same runs is right."""
     from lit_agents.envs.textcraft_synth import check_amounts
+    from lit_agents.modules.rao import node_calls
 
     env = TextCraftSynth(difficulty="medium")
     agent = RecursiveAgent(look_first=True, max_nodes=128, max_depth=12, max_new_tokens=256, system_prompt="")
     checked = 0
     for task in env.tasks("train")[:2]:
         for session in agent.expert_rollout(policy, env, task).sessions:
-            prompt = ""
-            for call in session.calls:
-                prompt += call.prompt_text + "\n"
+            for call, _, prompt in node_calls(session):
                 checks = check_amounts(prompt, call.completion_text, session.goal)
                 assert all(right for *_, right in checks), (session.goal, call.completion_text)
                 checked += len(checks)
-                prompt += call.completion_text + "\n"
     assert checked >= 10
     read = "Goal: craft 3 kavoru.\nRecipe: 1 temila, 2 rosani -> 2 kavoru. You have 0 kavoru."
     code = ('await asyncio.gather(launch_subagent("craft 2 temila"), launch_subagent("craft 5 rosani"))\n'

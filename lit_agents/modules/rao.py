@@ -26,7 +26,7 @@ Extension points for subclasses (docs/extending.md, examples/subclasses.py): `no
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import torch
@@ -41,7 +41,7 @@ from lit_agents.algorithms.collate import Row, session_rows
 from lit_agents.modules.base import import_callable
 from lit_agents.modules.grpo import GRPOPolicy
 from lit_agents.policy import AgentPolicy
-from lit_agents.types import Rollout
+from lit_agents.types import Call, Rollout, Session
 
 
 class RAOPolicy(GRPOPolicy):
@@ -116,15 +116,10 @@ class RAOPolicy(GRPOPolicy):
         found = []  # (row, token positions, right)
         for row in rows:
             session = rollouts[row.meta["rollout"]].sessions[row.meta["session"]]
-            offset, prompt = 0, ""
-            for call in session.calls:
-                prompt += call.prompt_text + "\n"
-                start = offset + len(call.prompt_ids)
-                offset = start + len(call.completion_ids)
+            for call, start, prompt in node_calls(session):
                 for positions, right in amount_tokens(self.policy.tokenizer, call.completion_ids, prompt,
                                                       session.goal, self.amount_check):
                     found.append((row, [start + p for p in positions if start + p < len(row.advantages)], right))
-                prompt += call.completion_text + "\n"
         self._amounts_right = sum(right for *_, right in found) / len(found) if found else None
         for row, positions, right in found:
             for p in positions:
@@ -134,6 +129,19 @@ class RAOPolicy(GRPOPolicy):
         super().on_before_optimizer_step(optimizer)
         if self._amounts_right is not None:
             self.log("train/amounts_right", self._amounts_right, on_step=True, on_epoch=False)
+
+
+def node_calls(session: Session) -> Iterator[tuple[Call, int, str]]:
+    """Each call of a node with where its completion starts in ``session.token_ids`` and what the
+    node had read when it wrote it: its prompts and completions so far, each ended by a newline
+    (the ``prompt`` an ``amount_check`` reads)."""
+    offset, prompt = 0, ""
+    for call in session.calls:
+        prompt += call.prompt_text + "\n"
+        start = offset + len(call.prompt_ids)
+        offset = start + len(call.completion_ids)
+        yield call, start, prompt
+        prompt += call.completion_text + "\n"
 
 
 def amount_tokens(tokenizer, ids: list[int], prompt: str, goal: str,
