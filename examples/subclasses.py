@@ -206,6 +206,19 @@ class FilteredBCActorCritic(System2ActorCritic):
         return (advantages > 0).float()
 
 
+class ClonedActorCritic(System2ActorCritic):
+    """Every action weighted 1: behaviour cloning on the actor-critic's own data, steps and
+    learning rate, with the critic still trained beside it. Overrides
+    `System2ActorCritic.actor_weights`.
+
+    Why: the no-critic control of the offline stage. Only the gap between the actor-critic's
+    weights and this one is what the critic adds (docs/results.md, Multi2).
+    """
+
+    def actor_weights(self, advantages: Tensor, episodes: Tensor) -> Tensor:
+        return torch.ones_like(advantages)
+
+
 class StepCostSubgoalGRPO(System2GRPO):
     """Each Multi2 subgoal episode scores its rewards minus a cost per executor step: overrides
     `System2GRPO.subgoal_rewards`.

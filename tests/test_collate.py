@@ -323,6 +323,27 @@ def test_rollout_data_module_groups_tasks_only_where_the_policy_shares_prefixes(
     assert data.token_batches(rows) == batches_by_tokens(rows, 4 * 77)
 
 
+def test_a_module_that_steps_on_every_micro_batch_gets_batches_in_the_given_order() -> None:
+    """A module that optimizes by hand (`System2ActorCritic`) steps on every micro-batch and
+    normalises its actor weights over it: its batches are cut from the (shuffled) rows in order,
+    each mixing lengths, not from the rows sorted by length, where a step would be all long rows
+    (in Multi2's half-noisy data, the noisiest)."""
+    from types import SimpleNamespace
+
+    from lit_agents.data import DemonstrationDataModule
+    from lit_agents.envs import TextCraft
+
+    rows = [_row(n) for n in (3, 12, 4, 10)]
+    assert [[r.num_tokens for r in b] for b in batches_by_tokens(rows, 30)] == [[12, 10], [4, 3]]
+    assert [[r.num_tokens for r in b] for b in batches_by_tokens(rows, 30, by_length=False)] == [[3, 12], [4, 10]]
+    data = DemonstrationDataModule(TextCraft(), max_tokens_per_batch=30)
+    policy = SimpleNamespace(shares_prefixes=lambda: False)
+    for manual in (False, True):
+        module = SimpleNamespace(policy=policy, automatic_optimization=not manual)
+        data.trainer = SimpleNamespace(lightning_module=module)
+        assert data.token_batches(rows) == batches_by_tokens(rows, 30, by_length=not manual)
+
+
 def test_sequence_mean_rows_make_the_token_mean_loss_a_mean_of_row_means() -> None:
     """PPO-clip's token mean over the reweighted rows = the mean over rows of each original row's
     own token-mean loss (every row weighs alike); over the original rows the long row dominates."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -435,27 +436,31 @@ def test_successful_demos_sft_in_fit(examples, tmp_path, monkeypatch):
     assert cli.datamodule.rows == rows  # what the epoch trained on
 
 
-def test_filtered_bc_actor_weights_in_fit(examples, tmp_path, monkeypatch):
-    """configs/multi2/system2_offline.yaml (expert and epsilon-noisy demonstrations) with fresh
-    adapters: the actor's weights are `FilteredBCActorCritic.actor_weights`, 1 exactly where the
-    critic's advantage is positive, where the default's are exponential."""
+@pytest.mark.parametrize("name, expected", [("FilteredBCActorCritic", lambda a: (a > 0).float()),
+                                            ("ClonedActorCritic", torch.ones_like)])
+def test_actor_weight_overrides_in_fit(name, expected, examples, tmp_path, monkeypatch):
+    """configs/multi2/system2_offline.yaml with fresh adapters: the actor's weights are the
+    subclass's `actor_weights` (`FilteredBCActorCritic`: 1 exactly where the critic's advantage is
+    positive; `ClonedActorCritic`: 1 everywhere), where the default's are exponential."""
     import subclasses
 
     from lit_agents.modules import System2ActorCritic
 
-    calls = spy(subclasses.FilteredBCActorCritic, "actor_weights", monkeypatch)
+    cls = getattr(subclasses, name)
+    calls = spy(cls, "actor_weights", monkeypatch)
     overlay = {"model": {"init_args": {
         "policy": {"init_args": {"adapters": None, "frozen_adapters": None, "roles": ["executor", "planner"]}},
         "critic_warmup_steps": 0, "head_width": 16}},
         "data": {"init_args": {"path": None, "demos": 4}}}
-    cli = fit_config("multi2/system2_offline.yaml", tmp_path, "--model.class_path=subclasses.FilteredBCActorCritic",
+    cli = fit_config("multi2/system2_offline.yaml", tmp_path, f"--model.class_path=subclasses.{name}",
                      "--model.init_args.policy.init_args.lora_r=4", overlay=overlay)
-    assert cli.trainer.current_epoch == 1 and type(cli.model) is subclasses.FilteredBCActorCritic
+    assert cli.trainer.current_epoch == 1 and type(cli.model) is cls
     assert len(calls) == cli.trainer.num_training_batches  # one call per batch
     for (module, advantages, episodes), weights in calls:
-        assert torch.equal(weights, (advantages > 0).float())
+        assert torch.equal(weights, expected(advantages))
         assert not torch.allclose(System2ActorCritic.actor_weights(module, advantages, episodes), weights)
     assert cli.trainer.callback_metrics["train/weight_max"] <= 1.0
+    assert 0.0 < cli.trainer.callback_metrics["train/entropy"] <= math.log(cli.model.policy.model.config.vocab_size)
 
 
 def test_step_cost_subgoal_rewards_in_fit(examples, tmp_path, monkeypatch):

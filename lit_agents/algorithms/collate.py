@@ -454,7 +454,8 @@ def row_orders(rows: list[Row]) -> tuple[list[Row], list[Row]]:
     return [rows[i] for i in by_length], [rows[i] for i in by_group]
 
 
-def batches_by_tokens(rows: list[Row], max_tokens_per_batch: int, share_prefix: bool = False) -> list[list[Row]]:
+def batches_by_tokens(rows: list[Row], max_tokens_per_batch: int, share_prefix: bool = False,
+                      by_length: bool = True) -> list[list[Row]]:
     """Group rows into batches whose padded size ``len(batch) * longest`` fits a token budget.
 
     Rows are taken longest first and filled greedily, so rows of similar length share a batch
@@ -472,12 +473,18 @@ def batches_by_tokens(rows: list[Row], max_tokens_per_batch: int, share_prefix: 
         rows: the rows.
         max_tokens_per_batch: budget on ``batch_size * padded_length``.
         share_prefix: whether the policy shares prefixes within a batch.
+        by_length: False cuts the batches from ``rows`` in the order given instead (more
+            padding): for a module whose every micro-batch is an optimizer step with a loss
+            normalised over the batch, where a batch of rows of one length would be a step of
+            one kind of data (in agent data, length follows quality and outcome).
 
     Returns:
         The batches.
     """
     if max_tokens_per_batch < 1:
         raise ValueError(f"max_tokens_per_batch must be positive, got {max_tokens_per_batch}")
+    if not by_length:
+        return _fill(rows, max_tokens_per_batch)
     by_length, by_group = row_orders(rows)
     best = _fill(by_length, max_tokens_per_batch)
     if share_prefix:

@@ -235,11 +235,15 @@ class AgentDataModule(LightningDataModule):
         """Training batches of ``max_tokens_per_batch`` tokens: rows of similar length padded
         together, or a task's rows together where the policy runs their shared prompt once and
         that costs fewer positions (`collate.batches_by_tokens`); with ``packing`` rows put end
-        to end (`collate.packs_by_tokens`)."""
+        to end (`collate.packs_by_tokens`). For a module that optimizes by hand, whose every
+        micro-batch is an optimizer step, the rows stay in the order given (shuffled by the
+        caller), so that no step is a slice of the data of one length."""
         if not self.packing:
-            policy = self.trainer.lightning_module.policy if self.trainer is not None else None
+            module = self.trainer.lightning_module if self.trainer is not None else None
+            policy = module.policy if module is not None else None
             return batches_by_tokens(rows, self.max_tokens_per_batch,
-                                     share_prefix=policy is not None and policy.shares_prefixes())
+                                     share_prefix=policy is not None and policy.shares_prefixes(),
+                                     by_length=getattr(module, "automatic_optimization", True))
         return packs_by_tokens(rows, self.max_tokens_per_batch, self.pack_length)
 
     def _loader(self, steps: list[list[list]], k: int | None = None) -> DataLoader:

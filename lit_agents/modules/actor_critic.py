@@ -45,7 +45,7 @@ from lit_agents.algorithms.losses import (
     masked_mean,
     policy_anchored_weights,
     td_targets,
-    token_logprobs,
+    token_logprobs_and_entropy,
     token_vocab_kl,
 )
 from lit_agents.data.demos import read_episodes
@@ -219,11 +219,13 @@ class System2ActorCritic(AgentModule):
     def _transitions(self, batch: dict[str, Any]) -> dict[str, Tensor]:
         """Per action: the state feature ``s`` (hidden state at the last token before the action:
         the end of its prompt; what V sees), the state-action feature ``h`` (at the action's last
-        token; what Q sees), the next action's index, rewards, dones, episode ids, mean log-probs."""
+        token; what Q sees), the next action's index, rewards, dones, episode ids, mean log-probs,
+        and the mean entropy of the actor's distributions at the action tokens (at temperature 1,
+        the distribution it trains; logged as ``train/entropy``)."""
         hidden = self.policy.hidden_states(batch["input_ids"], batch["attention_mask"])
         head = self.policy.model.get_output_embeddings()
-        logp = token_logprobs(hidden, head.weight, batch["input_ids"], lm_head_bias=head.bias,
-                              chunk_size=self.policy.logprob_chunk_size)
+        logp, entropy = token_logprobs_and_entropy(hidden, head.weight, batch["input_ids"], lm_head_bias=head.bias,
+                                                   chunk_size=self.policy.logprob_chunk_size)
         rows, starts, ends, lps, rewards, dones, next_index, episodes = [], [], [], [], [], [], [], []
         for b, meta in enumerate(batch["meta"]):
             n = len(meta["spans"])
@@ -247,6 +249,7 @@ class System2ActorCritic(AgentModule):
             "dones": torch.tensor(dones, device=device, dtype=torch.float32),
             "episodes": torch.tensor(episodes, device=device),
             "token_logp": logp,
+            "entropy": masked_mean(entropy, batch["action_mask"]),
             "hidden": hidden,
         }
 
@@ -308,7 +311,7 @@ class System2ActorCritic(AgentModule):
             actor_loss = actor_loss + self.kl_coef * kl
             stats["kl"] = kl.detach()
         stats.update(actor_loss=actor_loss.detach(), adv_mean=adv.mean(), adv_abs=adv.abs().mean(),
-                     weight_max=weights.max(), logp=t["logp"].detach().mean())
+                     weight_max=weights.max(), logp=t["logp"].detach().mean(), entropy=t["entropy"])
         return critic_loss, actor_loss, stats
 
     def _kl(self, t: dict[str, Tensor], batch: Batch) -> Tensor:
