@@ -95,6 +95,36 @@ def test_depth_and_node_limits_refuse_launches(policy, env):
     assert len(wide.sessions) == 2 and "node limit 2" in wide.sessions[1].meta["answer"]
 
 
+@pytest.mark.parametrize("launches", [20, 10**4])
+def test_a_launch_flood_ends_in_a_readable_error_and_the_node_goes_on(policy, env, launches):
+    """A root that gathers many launches at once: 20 reach the agent, which starts the children
+    the node limit allows and refuses the rest; of 10^4 the REPL refuses those past its bound on
+    waiting calls (``gather`` raises at whichever refusal settles first). Either way the episode
+    returns within the wall limit with the error in the root's next observation, and the root's
+    REPL answers again."""
+    import time
+
+    task = env.tasks("train")[0]
+    flood = ("import asyncio\nasync def go():\n    await asyncio.gather(*[launch_subagent(GOAL) for _ in range(N)])\n"
+             "asyncio.run(go())").replace("N", str(launches)).replace("GOAL", repr(task.goal))
+
+    def script(node):
+        if node.depth:
+            return "print(finish())"
+        return flood if node.steps == 0 else "print(6*7)\nprint(finish())"
+
+    started = time.monotonic()
+    (rollout,) = Scripted(script, max_nodes=4, repl_wall_timeout_s=5.0).run(policy, env, [task])
+    assert time.monotonic() - started < 30.0
+    root = rollout.sessions[0]
+    seen = root.calls[1].prompt_text  # what the flood's execution returned
+    assert "ToolError" in seen and ("node limit 4" in seen or "max_pending_calls" in seen), seen
+    assert len(rollout.sessions) <= 4
+    if launches == 20:
+        assert len(rollout.sessions) == 4 and "node limit 4" in seen
+    assert "42" in root.meta["answer"]
+
+
 def test_linear_baseline_has_no_launch_and_steps_are_limited(policy, env):
     task = env.tasks("train")[0]
     agent = Scripted(lambda node: "print(launch_subagent)", recursive=False, max_steps=3)

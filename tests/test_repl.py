@@ -60,6 +60,67 @@ def test_a_subagent_flood_past_the_depth_limit_gets_errors_not_a_crash(repl):
     assert repl.run(code, handler).observation() == "200 RuntimeError: depth limit 6 reached: launch_subagent refused"
 
 
+FLOOD = ("import asyncio\nasync def go():\n    await asyncio.gather(*[launch_subagent('x') for _ in range(10**4)])\n"
+         "asyncio.run(go())")
+
+
+@pytest.mark.parametrize("bound", [None, 10**6], ids=["max_pending_calls", "unbounded"])
+def test_a_flood_of_awaitable_calls_ends_in_a_readable_error_within_the_wall_limit(bound):
+    """10^4 calls gathered at once, every one refused by the handler: past ``max_pending_calls``
+    the REPL refuses them itself (a ToolError naming the bound); with no practical bound every
+    refusal goes back to a worker whose event loop closes under them. Either way the execution
+    ends inside the wall limit with the error in the code, and the REPL answers again."""
+    import time
+
+    kwargs = {} if bound is None else {"max_pending_calls": bound}
+    with PythonREPL(async_tools=["launch_subagent"], wall_timeout_s=10.0, **kwargs) as r:
+        started = time.monotonic()
+        result = r.run(FLOOD)  # no handler: every call is answered with an error
+        assert time.monotonic() - started < 10.0
+        expected = "more than 64 tool calls waiting at once" if bound is None else "no handler for tool"
+        assert "ToolError" in result.observation() and expected in result.observation(), result.observation()
+        assert r.run("print(6*7)").observation() == "42"
+
+
+def test_a_worker_that_stops_reading_cannot_stall_the_trainer():
+    """The code owns the worker's interpreter: here it stops the worker reading its command pipe,
+    then starts more calls than the pipe holds answers for. The trainer never blocks writing to
+    the worker: the wall clock ends the execution, and a fresh worker answers."""
+    import time
+
+    code = ("import sys, time, asyncio\nsys.modules['__main__']._resolve = lambda m: time.sleep(10**6)\n"
+            "async def go():\n    await asyncio.gather(*[launch_subagent('x') for _ in range(5000)])\n"
+            "asyncio.run(go())")
+    with PythonREPL(async_tools=["launch_subagent"], wall_timeout_s=2.0, max_pending_calls=10**6) as r:
+        started = time.monotonic()
+        result = r.run(code, lambda name, args, kwargs: "y" * 200)  # ~1 MB of answers, the pipe holds 64 kB
+        assert time.monotonic() - started < 10.0
+        assert "ran past 2 s (wall clock)" in result.observation() and result.restarted, result.observation()
+        assert r.run("print(6*7)").observation() == "42"
+
+
+SEND = "import sys\nsend = sys.modules['__main__']._send\n"
+BROKEN = {
+    "not an object": (SEND + "send([1, 2])", "a message that is not a JSON object"),
+    "malformed call": (SEND + "send({'op': 'call', 'id': 'x', 'name': 1})", "a malformed tool call"),
+    "endless line": ("import sys\np = sys.modules['__main__'].PROTOCOL\np.write('x' * (9 << 20))\np.flush()\n"
+                     "import time\ntime.sleep(5)", "a message over"),
+    "endless messages": (SEND + "while True:\n    send({'op': 'noise'})", "ran past 2 s (wall clock)"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN), ids=list(BROKEN))
+def test_a_worker_that_breaks_the_protocol_is_replaced(case):
+    """Nothing the worker sends is trusted: a message of the wrong shape ends the worker with a
+    message saying so, a worker that never stops sending still meets the wall clock, and a fresh
+    worker answers."""
+    code, expected = BROKEN[case]
+    with PythonREPL(async_tools=["launch_subagent"], timeout_s=30.0, wall_timeout_s=2.0) as r:
+        result = r.run(code)
+        assert expected in result.observation() and result.restarted, result.observation()
+        assert r.run("print(6*7)").observation() == "42"
+
+
 HOSTILE = {
     "infinite loop": ("while True:\n    pass", "TimeoutError"),
     "fork bomb": ("import os\nwhile True:\n    os.fork()", "os.fork is not allowed"),

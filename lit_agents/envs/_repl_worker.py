@@ -406,7 +406,10 @@ def _resolve(message):
             else:
                 future.set_result(message.get("value"))
 
-        loop.call_soon_threadsafe(settle)
+        try:
+            loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the code's event loop has closed (asyncio.run ended): nobody awaits it
+            pass
 
 
 # ------------------------------------------------------------------ execution

@@ -19,6 +19,13 @@ worker sends ``call``, and whoever drives the REPL answers it. Two ways to drive
   collect the pending ``launch_subagent`` calls of many REPLs, play the children batched, and
   answer them later (the code awaits them, concurrently with ``asyncio.gather``).
 
+The trainer never waits on the worker without a deadline: reads and writes both go through
+`poll`'s wait (the command pipe is non-blocking; what it does not take yet waits in an outbox),
+so a worker that stops reading or never stops writing meets the wall clock; at most
+``max_pending_calls`` calls wait for answers at once (the rest are refused at once, as a
+``ToolError`` in the code); and a message of the wrong shape ends the worker. Nothing the worker
+sends is trusted.
+
 Threat model (docs/sandbox.md): the model's code is an attacker that fully controls the
 worker's Python interpreter (it can rewrite the audit hook, load ctypes, make raw syscalls).
 Containment is therefore the kernel's, applied by the worker to itself before any model code
@@ -195,6 +202,29 @@ class ReplResult:
         return text.strip() or "(no output)"
 
 
+#: the longest protocol line the trainer reads from a worker (a longer one is a violation)
+MAX_LINE_BYTES = 8 << 20
+
+
+def _tool_call(message: dict[str, Any]) -> ToolCall | None:
+    """The worker's ``call`` message as a `ToolCall`, None if it is not a well-formed one (the
+    worker's interpreter is the code's: nothing it sends is trusted)."""
+    fields = (message.get(k) for k in ("id", "name", "args", "kwargs", "async"))
+    call_id, name, args, kwargs, is_async = fields
+    if (message.get("op") != "call" or type(call_id) is not int or not isinstance(name, str)
+            or not isinstance(args, list) or not isinstance(kwargs, dict) or not isinstance(is_async, bool)
+            or not all(isinstance(k, str) for k in kwargs)):
+        return None
+    return ToolCall(call_id, name, args, kwargs, is_async)
+
+
+def _done(message: dict[str, Any], calls: list[ToolCall]) -> ReplResult:
+    """The worker's ``done`` message as a `ReplResult` (fields of the wrong type read as empty)."""
+    output, error = message.get("output"), message.get("error")
+    return ReplResult(output if isinstance(output, str) else "", error if isinstance(error, str) else None,
+                      message.get("truncated") is True, list(calls))
+
+
 class PythonREPL:
     """One agent's sandboxed REPL.
 
@@ -212,6 +242,9 @@ class PythonREPL:
         max_output_chars: output kept per execution.
         workdir: the work directory (default: a fresh temporary directory, removed on close).
         grace_s: how long `poll` waits for more awaitable calls before handing them over.
+        max_pending_calls: the most tool calls one execution may have waiting for an answer at
+            once; a call past it is answered at once with an error (``ToolError`` in the code),
+            so a flood of ``asyncio.gather`` calls ends in a readable error, not a backlog.
         spawn: ``"zygote"`` forks the worker from a warm process (fast); ``"exec"`` starts a fresh
             interpreter.
         containment: ``"kernel"`` (the default): the worker drops its identity, and Landlock and
@@ -236,6 +269,7 @@ class PythonREPL:
         max_output_chars: int = 4000,
         workdir: str | None = None,
         grace_s: float = 0.05,
+        max_pending_calls: int = 64,
         spawn: Literal["zygote", "exec"] = "zygote",
         containment: Literal["kernel", "python-only"] = "kernel",
     ) -> None:
@@ -247,7 +281,10 @@ class PythonREPL:
             _warn_once("python-only", "REPL containment 'python-only' (chosen by name): model code runs with the "
                        "trainer's identity behind an audit hook that code owning the interpreter can switch off; "
                        "no kernel sandbox (docs/sandbox.md)")
+        if max_pending_calls < 1:
+            raise ValueError(f"max_pending_calls must be >= 1, got {max_pending_calls}")
         self.timeout_s, self.wall_timeout_s, self.grace_s, self.spawn = timeout_s, wall_timeout_s, grace_s, spawn
+        self.max_pending_calls = max_pending_calls
         self.limits = {"tools": list(tools), "async_tools": list(async_tools), "cpu_s": cpu_s,
                        "memory_mb": memory_mb, "file_mb": file_mb, "max_output_chars": max_output_chars,
                        "containment": containment}
@@ -260,6 +297,8 @@ class PythonREPL:
         self._protocol: Any = None
         self._eof = False
         self._buffer = b""
+        self._outbox = bytearray()  # messages for the worker not yet written (the pipe is non-blocking)
+        self._violation: str | None = None  # the worker broke the protocol: it is ended at the next poll
         self._deadline = 0.0
         self._cpu_at_submit: float | None = None
         self._left, self._check_cpu = timeout_s, False  # CPU seconds left at the last reading; read on next poll
@@ -270,7 +309,7 @@ class PythonREPL:
 
     # ------------------------------------------------------------------ process
     def _start(self) -> None:
-        self._buffer, self._eof = b"", False
+        self._buffer, self._eof, self._outbox, self._violation = b"", False, bytearray(), None
         if self.spawn == "exec":
             self._proc = subprocess.Popen(
                 [*_INTERPRETER, self.workdir, json.dumps(self.limits)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -289,6 +328,9 @@ class PythonREPL:
             os.close(commands_r)
             os.close(protocol_w)
             self._commands, self._protocol = os.fdopen(commands_w, "wb"), os.fdopen(protocol_r, "rb", buffering=0)
+        # never block on the worker: writes go out as the pipe takes them (`_flush`), under the
+        # same deadlines as reads, so a worker that stops reading cannot stall the trainer
+        os.set_blocking(self._commands.fileno(), False)
         ready = self._read(time.monotonic() + 30.0)
         if ready is not None and ready.get("op") == "refused":
             self._kill()
@@ -329,18 +371,33 @@ class PythonREPL:
             except OSError:
                 pass
         self._commands = self._protocol = None
+        self._outbox.clear()
         return code
 
     def _read(self, deadline: float) -> dict[str, Any] | None:
-        """The next protocol message, or None on timeout or a dead worker."""
-        assert self._protocol is not None
-        fd = self._protocol.fileno()
+        """The next protocol message, or None on timeout or a dead worker; meanwhile writes what
+        the outbox holds as the command pipe takes it. A line that is not a JSON object, or one
+        longer than `MAX_LINE_BYTES`, is a protocol violation (`_violation`; None)."""
+        assert self._protocol is not None and self._commands is not None
+        fd, out = self._protocol.fileno(), self._commands.fileno()
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
             while b"\n" not in self._buffer:
+                if len(self._buffer) > MAX_LINE_BYTES:
+                    return self._violate(f"a message over {MAX_LINE_BYTES} bytes")
+                writing = bool(self._outbox)
+                if writing:
+                    sel.register(out, selectors.EVENT_WRITE)
                 # look at least once: a message already there is not lost to a late caller
-                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                events = sel.select(timeout=max(0.0, deadline - time.monotonic()))
+                if writing:
+                    sel.unregister(out)
+                if not events:
                     return None
+                if any(key.fd == out for key, _ in events):
+                    self._flush()
+                if not any(key.fd == fd for key, _ in events):
+                    continue
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
                     self._eof = True  # the worker is gone
@@ -348,18 +405,33 @@ class PythonREPL:
                 self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         try:
-            return json.loads(line)
-        except json.JSONDecodeError:
-            return None
+            message = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            message = None
+        return message if isinstance(message, dict) else self._violate("a message that is not a JSON object")
 
-    def _write(self, message: dict[str, Any]) -> bool:
-        try:
-            assert self._commands is not None
-            self._commands.write((json.dumps(message) + "\n").encode())
-            self._commands.flush()
-            return True
-        except (BrokenPipeError, OSError, AssertionError):
-            return False
+    def _violate(self, what: str) -> None:
+        self._violation = self._violation or what
+        return None
+
+    def _write(self, message: dict[str, Any]) -> None:
+        """Queue a message for the worker and write what the pipe takes now, without waiting: the
+        rest goes out while `poll` waits (a dead worker shows up there)."""
+        if self._commands is not None:
+            self._outbox += (json.dumps(message) + "\n").encode()
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write as much of the outbox as the command pipe takes without blocking."""
+        while self._outbox and self._commands is not None:
+            try:
+                written = os.write(self._commands.fileno(), self._outbox[: 1 << 16])
+            except BlockingIOError:
+                return
+            except OSError:  # the worker is gone: `poll` finds its end of file
+                self._outbox.clear()
+                return
+            del self._outbox[:written]
 
     # ------------------------------------------------------------------ driving
     def submit(self, code: str) -> None:
@@ -415,10 +487,17 @@ class PythonREPL:
                 return self._broken("cpu")
             check = False
             now = time.monotonic()
+            if now >= self._deadline:  # also for a worker that never stops sending
+                return self._broken("wall")
             until = self._deadline if not self._pending else min(self._deadline, heard + self.grace_s)
             # look at the CPU clock again after at most the CPU time left (one thread cannot
             # use more in that wall time), and at least every second (threads can)
             message = self._read(min(until, now + min(1.0, max(0.01, self._left))))
+            call = None if message is None else _tool_call(message)
+            if call is None and message is not None and message.get("op") == "call":
+                self._violate("a malformed tool call")
+            if self._violation:
+                return self._broken("protocol")
             if message is None:
                 if self._eof:
                     return self._broken()
@@ -432,15 +511,17 @@ class PythonREPL:
                     return list(self._pending.values())
                 continue
             heard = time.monotonic()
-            if message["op"] == "call":
-                call = ToolCall(message["id"], message["name"], message["args"], message["kwargs"], message["async"])
+            if call is not None and len(self._pending) >= self.max_pending_calls:  # refused here: no backlog
+                self._answer(call.call_id, error=f"more than {self.max_pending_calls} tool calls waiting at once "
+                             "(max_pending_calls); await some before starting more")
+            elif call is not None:
                 self._pending[call.call_id] = call
                 self._calls.append(call)
-            elif message["op"] == "waiting" and self._pending:
+            elif message.get("op") == "waiting" and self._pending:
                 self._paused_at = time.monotonic()
                 return list(self._pending.values())
-            elif message["op"] == "done":
-                return ReplResult(message["output"], message["error"], message["truncated"], list(self._calls))
+            elif message.get("op") == "done":
+                return _done(message, self._calls)
 
     def respond(self, call_id: int, value: Any = None, error: str | None = None) -> None:
         """Answer a tool call (``error``: raised in the code as ``ToolError``). The time the code
@@ -450,18 +531,24 @@ class PythonREPL:
             self._check_cpu = any(c.is_async for c in self._calls)
             self._deadline += time.monotonic() - self._paused_at
             self._paused_at = None
+        self._answer(call_id, value, error)
+
+    def _answer(self, call_id: int, value: Any = None, error: str | None = None) -> None:
         message = {"op": "result", "id": call_id}
         message.update({"error": error} if error is not None else {"value": value})
         self._write(message)
 
-    def _broken(self, timeout: Literal["cpu", "wall"] | None = None) -> ReplResult:
-        """Timeout or a dead worker (CPU or memory limit, a crash): kill, restart, report."""
-        died = self._eof
+    def _broken(self, timeout: Literal["cpu", "wall", "protocol"] | None = None) -> ReplResult:
+        """Timeout, a dead worker (CPU or memory limit, a crash) or one that broke the protocol
+        (its interpreter is the code's): kill, restart, report."""
+        died, violation = self._eof, self._violation
         code = self._kill()  # a worker that died by itself keeps the code it died with
         if timeout == "cpu":
             why = f"TimeoutError: the code used more than {self.timeout_s:g} s of CPU time"
         elif timeout == "wall":
             why = f"TimeoutError: the code ran past {self.wall_timeout_s:g} s (wall clock)"
+        elif timeout == "protocol":
+            why = f"the REPL process sent {violation}, which the trainer does not accept"
         elif died and code is not None and code < 0:
             why = f"the REPL process was killed by {signal.Signals(-code).name} (a CPU, memory or crash limit)"
         else:
