@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from lit_agents.agents import HierarchicalAgent
 from lit_agents.data.demos import Episode
@@ -109,3 +110,34 @@ def test_expert_roles_in_live_episodes(textcraft, policy):
                 action, done = agent.parse_action(c.completion_text)
                 assert action == "inventory" or action.startswith(("get ", "craft "))
                 assert done == (action == "inventory")  # nothing to do: back to the planner
+
+
+def test_an_env_error_mid_subgoal_keeps_calls_rewards_and_dones_aligned(textcraft, policy, monkeypatch):
+    """The env raises on an episode's third action: the executor call that caused it stays
+    recorded, with a reward of 0 and a done, so the actor-critic's transitions line up with the
+    calls (before, the call had no reward and `System2ActorCritic._transitions` failed)."""
+    from lit_agents.algorithms.collate import collate_rows
+    from lit_agents.modules import System2ActorCritic
+
+    real, steps = type(textcraft).step, []
+
+    def step(state, action):
+        steps.append(action)
+        if len(steps) == 3:
+            raise RuntimeError("the env broke")
+        return real(textcraft, state, action)
+
+    monkeypatch.setattr(textcraft, "step", step)
+    agent = HierarchicalAgent(expert_planner=True, expert_executor=True)
+    (rollout,) = agent.run(policy, textcraft, textcraft.tasks("train")[1:2], greedy=True)
+    assert rollout.meta["reason"] == "env_error" and rollout.reward == 0.0
+    executor = [s for s in rollout.sessions if s.meta["role"] == "executor"]
+    assert sum(len(s.calls) for s in executor) == 3
+    for s in executor:
+        assert len(s.meta["rewards"]) == len(s.meta["dones"]) == len(s.calls)
+    assert executor[-1].meta["rewards"][-1] == 0.0 and executor[-1].meta["dones"][-1] == 1.0
+    module = System2ActorCritic(policy, head_width=8)
+    rows = module.demonstration_rows([rollout])
+    with torch.no_grad():
+        t = module._transitions(collate_rows(rows, policy.pad_id, with_meta=True))
+    assert len(t["rewards"]) == len(t["dones"]) == 3 and t["dones"][-1] == 1.0

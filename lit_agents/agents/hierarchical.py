@@ -198,7 +198,7 @@ class HierarchicalAgent(Agent):
                     action, flag = self.parse_action(text)
                     result = step_env(env, e.state, action, e.task)
                     if isinstance(result, Exception):
-                        e.done, e.reason, e.reward = True, "env_error", 0.0
+                        self._env_error(e)
                         continue
                     met = _goal_met(env, e.state, e.subgoal)
                     self._act(policy, e, action, flag, result, met, self.max_steps or env.max_steps)
@@ -252,6 +252,15 @@ class HierarchicalAgent(Agent):
             e.previous, e.planning = (e.subgoal, list(e.actions), met), True
         else:
             e.follow(policy, result.observation)
+
+    @staticmethod
+    def _env_error(e: _Episode) -> None:
+        """The env raised on the executor's last action: that action (its call already recorded)
+        gets reward 0 and ends its subgoal and the episode, so every executor call keeps its
+        reward and done (`collate.transition_rows`)."""
+        e.session.meta["rewards"].append(0.0)
+        e.session.meta["dones"].append(1.0)
+        e.done, e.reason, e.reward = True, "env_error", 0.0
 
     @staticmethod
     def _finish(e: _Episode) -> Rollout:
