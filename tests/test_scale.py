@@ -78,6 +78,20 @@ def test_ddp_two_cpu_processes_stay_in_sync(kind, tmp_path):
             assert float(tensor.double().sum()) == pytest.approx(trained[name], rel=1e-6, abs=1e-8), name
 
 
+def test_a_ddp_step_is_one_token_mean_over_every_ranks_tokens(tmp_path):
+    """2 ranks holding 60 and 4 trained tokens: the step's gradient (after DDP's average) equals
+    the gradient of one process over all 64 tokens, not the mean of the two ranks' token means
+    (which would give rank 1's 4 tokens the weight of rank 0's 60)."""
+    for devices in (2, 1):
+        done = run_script([str(SCRIPTS / "ddp_grad.py"), str(tmp_path), str(devices)], cwd=tmp_path)
+        assert done.returncode == 0, done.stdout[-4000:]
+    ddp, single = (torch.load(tmp_path / f"grad{d}.pt") for d in (2, 1))
+    assert ddp.keys() == single.keys() and ddp
+    assert any(g.abs().sum() > 0 for g in single.values())
+    for name, grad in single.items():
+        torch.testing.assert_close(ddp[name], grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
 def _fit_args(save_dir: Path, epochs: int = 4) -> list[str]:
     config = Path(__file__).parents[1] / "configs" / "quickstart_rl.yaml"
     return ["-m", "lit_agents.cli", "fit", "-c", str(config), f"--trainer.max_epochs={epochs}",

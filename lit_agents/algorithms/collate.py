@@ -103,9 +103,10 @@ class Batch:
     - ``"pad"`` (`Batch.pad`): under DDP this rank has no rows left while another still steps: the
       module takes a zero-gradient step through the same path, so the gradient all-reduces match.
 
-    ``step_tokens``: under gradient accumulation, the trained tokens of the whole optimizer step
-    this micro-batch is one of ``accumulate`` parts of (`AgentModule.loss_normalizer` divides by
-    it, so a step is one token mean over its micro-batches); None without accumulation. A KL anchor
+    ``step_tokens``: under gradient accumulation or DDP, the trained tokens of the whole optimizer
+    step this micro-batch is one of ``accumulate`` parts of, summed over the ``world`` ranks
+    (`AgentModule.loss_normalizer` divides by it, so a step is one token mean over its
+    micro-batches and ranks); None with neither. A KL anchor
     (`callbacks.KLAnchor`) fills the reference: ``ref_logprobs`` (``[B, T]``, the reference's
     log-prob of each token) or, for the exact vocabulary KL, ``ref_hidden`` (``[B, T, H]``) and
     ``ref_head`` (its output layer's weight and bias).
@@ -115,6 +116,7 @@ class Batch:
     kind: Literal["rows", "empty", "pad"] = "rows"
     step_tokens: int | None = None
     accumulate: int = 1
+    world: int = 1
     ref_logprobs: Tensor | None = None
     ref_hidden: Tensor | None = None
     ref_head: tuple[Tensor, Tensor | None] | None = None

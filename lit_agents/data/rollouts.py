@@ -57,14 +57,15 @@ PAD_STEP: list = []
 class _Batches(IterableDataset):
     """A fixed list of batches (an IterableDataset so no sampler is injected), collated when
     iterated into `Batch` objects: a batch is a list of rows (padded) or a list of packs (lists of
-    rows), ``[]`` an empty step, ``PAD_STEP`` a pad step. With gradient accumulation each batch
-    also carries its optimizer step's trained-token count."""
+    rows), ``[]`` an empty step, ``PAD_STEP`` a pad step. With gradient accumulation or under
+    DDP each batch also carries its optimizer step's trained-token count (over all ranks)."""
 
     def __init__(
-        self, batches: list[list], pad_id: int, step_tokens: list[int] | None = None, accumulate: int = 1
+        self, batches: list[list], pad_id: int, step_tokens: list[int] | None = None, accumulate: int = 1,
+        world: int = 1,
     ) -> None:
         self.batches, self.pad_id = batches, pad_id
-        self.step_tokens, self.accumulate = step_tokens, accumulate
+        self.step_tokens, self.accumulate, self.world = step_tokens, accumulate, world
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -78,7 +79,8 @@ class _Batches(IterableDataset):
             else:
                 collate = collate_packed if isinstance(items[0], list) else collate_rows
                 tokens = None if self.step_tokens is None else self.step_tokens[i]
-                yield Batch(collate(items, self.pad_id, with_meta=True), step_tokens=tokens, accumulate=self.accumulate)
+                yield Batch(collate(items, self.pad_id, with_meta=True), step_tokens=tokens, accumulate=self.accumulate,
+                            world=self.world)
 
 
 def _trained_tokens(items: list) -> int:
@@ -271,13 +273,25 @@ class AgentDataModule(LightningDataModule):
             return DataLoader(_Batches([[]], module.policy.pad_id), batch_size=None)  # an empty loader stops fitting
         steps += [[]] * (count - len(steps))
         batches: list[list] = []
-        step_tokens: list[int] = []
         for step in steps:
             batches += step + [PAD_STEP] * (k - len(step))
-            step_tokens += [sum(_trained_tokens(b) for b in step)] * k
+        tokens = self._step_tokens(steps)
         if module.automatic_optimization:
             self.trainer.accumulate_grad_batches = self._accumulate = k
-        return DataLoader(_Batches(batches, module.policy.pad_id, step_tokens if k > 1 else None, k), batch_size=None)
+        world = self.world[1]
+        step_tokens = [t for t in tokens for _ in range(k)] if k > 1 or world > 1 else None
+        return DataLoader(_Batches(batches, module.policy.pad_id, step_tokens, k, world), batch_size=None)
+
+    def _step_tokens(self, steps: list[list]) -> list[int]:
+        """Each optimizer step's trained tokens, summed over the ranks under DDP: DDP averages the
+        ranks' gradients, so each rank divides its summed token losses by ``total / world`` and a
+        step is one token mean over every rank's tokens (not a mean of the ranks' token means)."""
+        tokens = [sum(_trained_tokens(b) for b in step) for step in steps]
+        if self.world[1] > 1 and tokens:
+            summed = self.trainer.strategy.reduce(torch.tensor(tokens, device=self.trainer.strategy.root_device),
+                                                  reduce_op="sum")
+            tokens = [int(t) for t in summed.tolist()]
+        return tokens
 
 def _identity(x):
     return x

@@ -163,11 +163,12 @@ class AgentModule(LightningModule):
     @staticmethod
     def loss_normalizer(batch: Batch, constant: float | None = None) -> float | None:
         """Divisor of a batch's summed token losses: ``constant`` if given (Dr. GRPO), else
-        under gradient accumulation the optimizer step's trained tokens / k (Lightning divides
-        each batch's loss by k again), else ``None`` (the batch's token mean)."""
+        under gradient accumulation or DDP the optimizer step's trained tokens over all ranks
+        / (k * world) (Lightning divides each batch's loss by k again, DDP averages the ranks'
+        gradients), else ``None`` (the batch's token mean)."""
         if constant is not None or batch.step_tokens is None:
             return constant
-        return max(float(batch.step_tokens), 1.0) / batch.accumulate
+        return max(float(batch.step_tokens), 1.0) / (batch.accumulate * batch.world)
 
     def configure_optimizers(self) -> Any:
         params = [p for p in self.policy.parameters() if p.requires_grad]
