@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -119,6 +121,58 @@ def test_fork(repl):
     assert "forked" not in observation and not os.path.exists(marker)
 
 
+X86_64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="raw x86-64 syscall numbers and machine code")
+RAW_FORK = ("libc = ctypes.CDLL(None, use_errno=True)\npid = libc.syscall(NR)\n"
+            "if pid == 0:\n    libc.syscall(60, 0)  # the child exits at once (raw exit: a vfork child shares memory)\n"
+            "if pid < 0:\n    raise PermissionError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))\n"
+            "print('forked', pid)")
+
+
+@X86_64
+@pytest.mark.parametrize("nr", [57, 58], ids=["fork", "vfork"])
+def test_raw_fork_syscalls(repl, nr):
+    """The fork and vfork syscalls themselves (``os.fork`` goes through clone)."""
+    assert "forked" not in escape(repl, RAW_FORK.replace("NR", str(nr)))
+
+
+@pytest.fixture
+def udp_listener():
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    server.settimeout(0.3)
+    yield server
+    server.close()
+
+
+def test_send_a_udp_datagram(repl, udp_listener):
+    """UDP: Landlock's network rules cover TCP only; seccomp refuses the socket."""
+    port = udp_listener.getsockname()[1]
+    escape(repl, f"socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('127.0.0.1', {port}))")
+    with pytest.raises((TimeoutError, socket.timeout)):
+        udp_listener.recvfrom(16)
+
+
+def static_program(code: int) -> bytes:
+    """A minimal static x86-64 ELF that exits with ``code``: no loader, no libraries, so only the
+    execve itself stands between code that writes it and running it."""
+    text = bytes([0xBF]) + code.to_bytes(4, "little") + bytes([0xB8, 60, 0, 0, 0, 0x0F, 0x05])  # exit(code)
+    base, header, segment = 0x400000, 64, 56
+    size = header + segment + len(text)
+    elf = struct.pack("<4sBBBBB7sHHIQQQIHHHHHH", b"\x7fELF", 2, 1, 1, 0, 0, b"\0" * 7, 2, 0x3E, 1,
+                      base + header + segment, header, 0, 0, header, segment, 1, 0, 0, 0)
+    return elf + struct.pack("<IIQQQQQQ", 1, 5, 0, base, base, size, size, 0x1000) + text
+
+
+EXEC_OWN = "open('prog', 'wb').write(PROGRAM)\nos.chmod('prog', 0o755)\nos.execv('prog', ['prog'])"
+
+
+@X86_64
+def test_exec_a_program_written_into_the_work_directory(repl):
+    """The work directory is writable (and Landlock grants it every right): a program the code
+    writes there must still not run."""
+    escape(repl, EXEC_OWN.replace("PROGRAM", repr(static_program(42))))
+
+
 @pytest.mark.parametrize("how", ["execv", "subprocess"])
 def test_exec_a_shell(repl, how):
     marker = f"/tmp/escape_{uuid.uuid4().hex}"
@@ -212,6 +266,92 @@ def test_a_missing_layer_refuses_unless_a_weaker_mode_is_chosen_by_name(caplog):
     with PythonREPL(containment="python-only") as weak:  # chosen by name: runs, with the hook only
         assert weak.layers == {} and weak.run("print(1)").observation() == "1"
         assert "os.fork is not allowed" in weak.run("import os\nos.fork()").observation()
+
+
+# ------------------------------------------------------------------ each kernel layer on its own
+class OneLayer(PythonREPL):
+    """A REPL whose worker applies only the kernel layers named (the worker's test-only
+    ``layers_under_test``): each layer must hold on its own, not only under the others."""
+
+    def __init__(self, layers, **kwargs):
+        self._layers = layers
+        super().__init__(timeout_s=10.0, cpu_s=30, memory_mb=512, **kwargs)
+
+    def _start(self):
+        self.limits["layers_under_test"] = list(self._layers)
+        super()._start()
+
+
+@pytest.fixture
+def target():
+    """A process of the trainer's user outside the sandbox, for signals and ptrace to aim at."""
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _landlock_abi() -> int:
+    import ctypes
+
+    return ctypes.CDLL(None).syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # x86-64 and arm64
+
+
+KILL = "os.kill(PID, signal.SIGKILL)"
+PTRACE = ("libc = ctypes.CDLL(None, use_errno=True)\nif libc.ptrace(16, PID, 0, 0) != 0:  # PTRACE_ATTACH\n"
+          "    raise PermissionError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))\nprint('attached')")
+
+
+def _layer_cases(layer: str, tmp_path, listener, udp_listener) -> dict[str, str]:
+    """The escapes ``layer`` alone must refuse (with the worker as root where identity is off)."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("secret")
+    abi = _landlock_abi() if layer == "filesystem" else 0
+    cases = {
+        "processes": {
+            "clone": "print('forked', os.fork())",
+            "exec": EXEC_OWN.replace("PROGRAM", repr(static_program(42))) if platform.machine() == "x86_64" else None,
+            "raw fork": RAW_FORK.replace("NR", "57") if platform.machine() == "x86_64" else None,
+            "raw vfork": RAW_FORK.replace("NR", "58") if platform.machine() == "x86_64" else None,
+            "udp": f"socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('127.0.0.1', "
+                   f"{udp_listener.getsockname()[1]}))",
+            "tcp": f"socket.create_connection(('127.0.0.1', {listener.getsockname()[1]}), timeout=2)",
+            "kill": KILL,
+            "ptrace": PTRACE,
+            "rlimit": "resource.setrlimit(resource.RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))",
+        },
+        "filesystem": {
+            "write": f"open({str(tmp_path / 'written.txt')!r}, 'w').write('x')",
+            "read": f"print(open({str(outside)!r}).read())",
+            "tcp": f"socket.create_connection(('127.0.0.1', {listener.getsockname()[1]}), timeout=2)"
+                   if abi >= 4 else None,
+            "kill": KILL if abi >= 6 else None,
+            "ptrace": PTRACE,
+        },
+        "identity": {"kill": KILL, "ptrace": PTRACE},
+    }[layer]
+    return {name: code for name, code in cases.items() if code is not None}
+
+
+@pytest.mark.parametrize("layer", ["processes", "filesystem", "identity"])
+def test_each_kernel_layer_holds_on_its_own(layer, tmp_path, target, listener, udp_listener):
+    """seccomp alone, Landlock alone, the dropped identity alone: each refuses the escapes it is
+    there for, whatever the other layers would also have caught (the stack hides a layer's
+    missing rule: on a kernel whose Landlock scopes signals, a lost seccomp kill rule goes
+    unnoticed by the whole-stack tests). The identity layer needs a root trainer."""
+    if layer == "identity" and os.getuid() != 0:
+        pytest.skip("the identity layer changes the uid of a root trainer only")
+    with OneLayer([layer]) as r:
+        assert set(r.layers) == {layer}
+        for name, code in _layer_cases(layer, tmp_path, listener, udp_listener).items():
+            observation = escape(r, code.replace("PID", str(target.pid)))
+            assert not any(s in observation for s in ("forked", "attached", "secret")), (layer, name, observation)
+            assert target.poll() is None, (layer, name, "the target was killed")
+    with open(f"/proc/{target.pid}/status") as f:
+        assert "TracerPid:\t0\n" in f.read()
+    assert not (tmp_path / "written.txt").exists() and no_connection(listener)
+    with pytest.raises((TimeoutError, socket.timeout)):
+        udp_listener.recvfrom(16)
 
 
 # ------------------------------------------------------------------ as a non-root trainer
