@@ -80,7 +80,8 @@ def test_dry_run_prints_both_stages_and_fits_nothing(tmp_path, capsys):
     assert main(["--config-dir", str(CONFIGS), "--out", str(out), "--dry-run", "--rl", "trainer.max_epochs=2"]) == {}
     sft, rl = capsys.readouterr().out.splitlines()
     assert sft.startswith("[quickstart] sft: lit-agents fit -c") and "quickstart.yaml" in sft
-    assert f"--model.init_args.policy.init_args.model={out / 'sft_model'}" in rl and rl.endswith("--trainer.max_epochs=2")
+    assert f"--model.init_args.policy.init_args.model={out / 'sft_model'}" in rl
+    assert rl.endswith("--trainer.max_epochs=2")
     assert not out.exists()
     with pytest.raises(SystemExit):
         main(["--config-dir", str(CONFIGS), "--out", str(out), "--dry-run", "--sft", "trainer.max_epoks=1"])
