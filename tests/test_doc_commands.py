@@ -117,7 +117,10 @@ def _page_commands() -> list[Command]:
             found += commands(_blocks_of_markdown(page.read_text()), str(page.relative_to(ROOT)))
     for config in CONFIG_HEADERS:
         found += commands(_blocks_of_yaml_header(config.read_text()), str(config.relative_to(ROOT)))
-    return found
+    unique = {}  # a command given in several places is checked once, under its first place
+    for command in found:
+        unique.setdefault((tuple(command.argv), tuple(sorted(command.env.items()))), command)
+    return list(unique.values())
 
 
 COMMANDS = _page_commands()
