@@ -23,7 +23,7 @@ test: install lint
 	$(PY) -m pytest -q -x --durations=15
 
 lint: install
-	$(VENV)/bin/ruff check lit_agents callbacks tests benchmarks examples
+	$(VENV)/bin/ruff check lit_agents callbacks tests benchmarks research examples
 
 clean:
 	rm -rf $(VENV) runs lightning_logs

@@ -25,7 +25,7 @@ once into a cached folder that both sides load: LoRA r 32 on both); ``--finetune
 a folder too.
 
 Which prompts: every train task by default, each step a fresh draw (a step's gradient then mostly
-teaches its own prompts: docs/results.md, "What one step's gradient carries", so in 20 steps neither
+teaches its own prompts: docs/results.md, Quick start, so in 20 steps neither
 side's reward moves). ``--pool N`` practises a fixed pool of N prompts (a seeded draw, the same for
 every run), each back every N / prompts-per-step steps: there the reward rises on both sides, which
 is what a learning comparison needs. ``--max-prompt-tokens`` keeps the short contexts only (a cheaper

@@ -196,9 +196,9 @@ class FilteredBCActorCritic(System2ActorCritic):
     Measured on TextCraft with half of the 3200 offline episodes epsilon-noisy (3 seeds), it is
     level with the default weights greedy and above them sampled, and below behaviour cloning on
     the same data on every seed: the critic ranks the expert's actions above the random ones only
-    weakly (AUC 0.65, `benchmarks/multi2_critic.py`), the filter drops 40-60% of the good
+    weakly (AUC 0.65, `research/multi2_critic.py`), the filter drops 40-60% of the good
     actions with the bad, and keeping as many actions at random does at least as well
-    (docs/results.md, "Does Multi2's offline critic beat cloning on data it can rank?").
+    (docs/results.md, Multi2).
     It is an example of the extension point, not a recommended setting.
     """
 
@@ -229,8 +229,7 @@ class StepCostSubgoalGRPO(System2GRPO):
 
     Measured on TextCraft at 0.05 a step, the second half wins: the executor learns to give up,
     episodes shorten, no more subgoals are met and held-out success falls on every seed
-    (docs/results.md,
-    "Multi2's executor by GRPO with the task's outcome in its score, and with a step cost").
+    (docs/results.md, Multi2).
     It is an example of the extension point, not a recommended setting.
 
     Args:

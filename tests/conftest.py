@@ -74,12 +74,10 @@ def record_losses():
     return wrap
 
 
-@pytest.fixture()
-def load_benchmark(monkeypatch):
-    """``load_benchmark(name)``: ``benchmarks/<name>.py`` loaded as a module, with its folder on
-    ``sys.path`` (a script may import its siblings) and itself in ``sys.modules`` (its dataclasses
-    look their module up); both undone after the test."""
-    folder = Path(__file__).parents[1] / "benchmarks"
+def _script_loader(monkeypatch, folder: Path):
+    """``load(name)``: ``<folder>/<name>.py`` loaded as a module, with its folder on ``sys.path`` (a
+    script may import its siblings) and itself in ``sys.modules`` (its dataclasses look their
+    module up); both undone after the test."""
 
     def load(name: str):
         monkeypatch.syspath_prepend(str(folder))
@@ -90,3 +88,15 @@ def load_benchmark(monkeypatch):
         return module
 
     return load
+
+
+@pytest.fixture()
+def load_benchmark(monkeypatch):
+    """``load_benchmark(name)``: the product benchmark ``benchmarks/<name>.py`` as a module."""
+    return _script_loader(monkeypatch, Path(__file__).parents[1] / "benchmarks")
+
+
+@pytest.fixture()
+def load_research(monkeypatch):
+    """``load_research(name)``: the research probe ``research/<name>.py`` as a module."""
+    return _script_loader(monkeypatch, Path(__file__).parents[1] / "research")

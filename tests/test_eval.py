@@ -139,9 +139,9 @@ def test_every_role_of_a_checkpoint_is_loaded(tmp_path):
     assert loaded.model.policy.active_role == trained.model.policy.active_role == "planner"
 
 
-def test_rao_trees_reads_a_full_fine_tuning_run(tmp_path, load_benchmark):
+def test_rao_trees_reads_a_full_fine_tuning_run(tmp_path, load_research):
     """A run's saved config.yaml (with its fit-only keys) and the whole model LoRACheckpoint
-    writes under full fine-tuning: `benchmarks/rao_trees.py`, a wrapper over `lit-agents eval`."""
+    writes under full fine-tuning: `research/rao_trees.py`, a wrapper over `lit-agents eval`."""
     config = yaml.safe_load((CONFIGS / "rao" / "recursive.yaml").read_text())
     policy = config["model"]["init_args"]["policy"]["init_args"]
     policy.update(model="tiny", tiny={"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
@@ -155,7 +155,7 @@ def test_rao_trees_reads_a_full_fine_tuning_run(tmp_path, load_benchmark):
         trained.model.policy.model.get_output_embeddings().weight.mul_(3.0)
     LoRACheckpoint().save(trained.model, log_dir / "adapters" / "last")  # -> adapters/last/model
 
-    rao_trees = load_benchmark("rao_trees")
+    rao_trees = load_research("rao_trees")
     report = rao_trees.main([str(log_dir), "--splits", "val", "--tasks", "2"])
     assert report["val"]["tasks"] == 2
     assert sum(level["tasks"] for level in report["val"]["by_difficulty"].values()) == 2
@@ -168,8 +168,8 @@ def test_rao_trees_reads_a_full_fine_tuning_run(tmp_path, load_benchmark):
                        trained.model.policy.model.get_output_embeddings().weight)
 
 
-def test_multi2_roles_plays_each_role_by_model_or_expert(tmp_path, monkeypatch, load_benchmark):
-    """`benchmarks/multi2_roles.py` on a Multi2 stage's log folder: the four arms play the same
+def test_multi2_roles_plays_each_role_by_model_or_expert(tmp_path, monkeypatch, load_research):
+    """`research/multi2_roles.py` on a Multi2 stage's log folder: the four arms play the same
     tasks, the experts' arm solves what the offline expert solves, an untrained model solves
     none, and the report lands in roles.json."""
     config = yaml.safe_load((CONFIGS / "multi2" / "system1_sft.yaml").read_text())
@@ -182,7 +182,7 @@ def test_multi2_roles_plays_each_role_by_model_or_expert(tmp_path, monkeypatch, 
     (log_dir / "config.yaml").write_text(yaml.safe_dump(config))
     LoRACheckpoint().save(evaluate.build([log_dir / "config.yaml"]).model, log_dir / "adapters" / "last")
 
-    multi2_roles = load_benchmark("multi2_roles")
+    multi2_roles = load_research("multi2_roles")
     report = multi2_roles.main([str(log_dir), "--splits", "val", "--tasks", "3"])["val"]
     assert list(report) == list(multi2_roles.ARMS)
     assert all(arm["episodes"] == 3 for arm in report.values())
@@ -262,13 +262,13 @@ def test_default_out():
 
 
 @pytest.fixture
-def paired_eval(load_benchmark):
-    """`benchmarks/paired_eval.py`, loaded as a module."""
-    return load_benchmark("paired_eval")
+def paired_eval(load_research):
+    """`research/paired_eval.py`, loaded as a module."""
+    return load_research("paired_eval")
 
 
 def test_paired_eval_counts_tasks_gained_and_lost_on_the_same_rollouts(tmp_path, capsys, paired_eval):
-    """`benchmarks/paired_eval.py`: two evaluation folders written by `evaluate.write` are paired on
+    """`research/paired_eval.py`: two evaluation folders written by `evaluate.write` are paired on
     (task, seed); the gains, losses and the exact sign test are counted by hand, and folders of
     different rollouts are refused rather than compared."""
 
@@ -318,14 +318,14 @@ def test_paired_eval_role_sharpness_reads_the_sampled_tokens_of_that_role(tmp_pa
         paired_eval.sharpness(tmp_path / "run", "critic")
 
 
-def test_multi2_critic_ranks_the_offline_stages_actions(tmp_path, load_benchmark):
-    """`benchmarks/multi2_critic.py` on a Multi2 offline stage's log folder: each demonstration
+def test_multi2_critic_ranks_the_offline_stages_actions(tmp_path, load_research):
+    """`research/multi2_critic.py` on a Multi2 offline stage's log folder: each demonstration
     action is labelled expert or not, A = Q - V is the heads' (here 0.25 - (-0.75)), the cloning
     weights put on the non-expert actions exactly their share, and a checkpoint without the
     critic heads is refused."""
     from lit_agents.data.demos import write_episodes
 
-    multi2_critic = load_benchmark("multi2_critic")
+    multi2_critic = load_research("multi2_critic")
     assert multi2_critic.auc(torch.tensor([0.3, 0.1, -0.2, 0.1]), torch.tensor([True, True, False, False])) == 0.875
 
     config = yaml.safe_load((CONFIGS / "multi2" / "system2_offline.yaml").read_text())

@@ -133,7 +133,7 @@ def test_multi_turn_kv_reuse_matches_reencoding(attn: str, decode: str) -> None:
     histories: list[list[int]] = [[] for _ in range(4)]
     contexts: list[KVContext | None] = [None] * 4
     for turn in range(3):
-        # session 3 starts a turn late: new and continuing sessions share a batch
+        # session 3 of the batch starts a turn late: new and continuing sessions share a batch
         new = [random_ids(2 + 3 * i + turn, gen_ids) if (i < 3 or turn > 0) else [] for i in range(4)]
         rows = [i for i in range(4) if new[i]]
         out = engine.generate([contexts[i] for i in rows], [new[i] for i in rows], params, engine_gen)

@@ -50,3 +50,22 @@ def test_multi2_pipeline_short(tmp_path, capsys):
     with pytest.raises(ValueError, match="seed 0, not 1"):
         main(["multi2", "--short", "--out", str(out), "--seed", "1", "--config-dir", "configs/multi2",
               "--stages", "flat_sft"])
+
+
+def test_dry_run_prints_each_stage_it_would_fit_and_fits_nothing(tmp_path, capsys):
+    out = tmp_path / "m2"
+    main(["multi2", "--dry-run", "--out", str(out), "--config-dir", "configs/multi2",
+          "--stages", "system1_sft,system2_warmup", "--set", "model.init_args.policy.init_args.model=smollm2-135m"])
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed] == ["[multi2] system1_sft", "[multi2] system2_warmup"]
+    # a --set override comes after the pipeline's own (a pretrained model in place of the backbone)
+    assert printed[0].endswith("--model.init_args.policy.init_args.model=smollm2-135m")
+    assert f"--trainer.logger.init_args.save_dir={out}" in printed[1] and not out.exists()
+
+
+def test_dry_run_stops_on_a_key_that_a_stage_does_not_have(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["multi2", "--dry-run", "--out", str(tmp_path), "--config-dir", "configs/multi2",
+              "--set", "system2_offline:model.init_args.gama=0.9"])
+    assert exit_.value.code != 0
+    assert "[multi2] system2_offline: these arguments do not parse" in capsys.readouterr().err

@@ -68,7 +68,20 @@ def test_quickstart_short(tmp_path, capsys, monkeypatch):
 def test_quickstart_full_learns(tmp_path):
     """The claims on unseen instances of the practised goals (``val``): 20 points above the
     untrained model after RL, and RL 5 points above SFT (seeds 0-2 gained 10-20 points; the
-    unseen goal items, ``test``, stay near 10%: docs/results.md, "RL that learns")."""
+    unseen goal items, ``test``, stay near 10%: docs/results.md, Quick start)."""
     results = main(["--config-dir", str(CONFIGS), "--out", str(tmp_path)])
     assert results["rl"]["val"] >= results["untrained"]["val"] + 0.20
     assert results["rl"]["val"] >= results["sft"]["val"] + 0.05
+
+
+def test_dry_run_prints_both_stages_and_fits_nothing(tmp_path, capsys):
+    """``--dry-run``: the RL stage's command reads the model the SFT stage saves; nothing is written."""
+    out = tmp_path / "qs"
+    assert main(["--config-dir", str(CONFIGS), "--out", str(out), "--dry-run", "--rl", "trainer.max_epochs=2"]) == {}
+    sft, rl = capsys.readouterr().out.splitlines()
+    assert sft.startswith("[quickstart] sft: lit-agents fit -c") and "quickstart.yaml" in sft
+    assert f"--model.init_args.policy.init_args.model={out / 'sft_model'}" in rl
+    assert rl.endswith("--trainer.max_epochs=2")
+    assert not out.exists()
+    with pytest.raises(SystemExit):
+        main(["--config-dir", str(CONFIGS), "--out", str(out), "--dry-run", "--sft", "trainer.max_epoks=1"])

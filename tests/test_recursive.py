@@ -219,12 +219,12 @@ def test_rao_depth_baseline_compares_subagents_with_subagents(policy):
         RAOPolicy(policy, baseline="tree")
 
 
-def test_rao_credit_benchmark_reads_saved_rollouts(tmp_path, capsys, load_benchmark):
-    """`benchmarks/rao_credit.py` on a run folder: per depth, success and the credit under both
+def test_rao_credit_probe_reads_saved_rollouts(tmp_path, capsys, load_research):
+    """`research/rao_credit.py` on a run folder: per depth, success and the credit under both
     baselines, the run's lam read from hparams.yaml; one file per epoch (group ids restart)."""
     import json
 
-    rao_credit = load_benchmark("rao_credit")
+    rao_credit = load_research("rao_credit")
     (tmp_path / "rollouts").mkdir()
     (tmp_path / "hparams.yaml").write_text("lam: 0.4\npropagate_root: false\n")
     lines = "\n".join(json.dumps(t.to_dict()) for t in _credit_trees()[:3])  # group 0
@@ -240,15 +240,15 @@ def test_rao_credit_benchmark_reads_saved_rollouts(tmp_path, capsys, load_benchm
     assert rao_credit.main([str(tmp_path)])["root"][1]["mean_adv"] == pytest.approx(0.5)
 
 
-def test_rao_asks_benchmark_scores_requests_against_the_recipe(tmp_path, capsys, load_benchmark):
-    """`benchmarks/rao_asks.py`: a request is over / exact / under what the node's recipe needs
+def test_rao_asks_probe_scores_requests_against_the_recipe(tmp_path, capsys, load_research):
+    """`research/rao_asks.py`: a request is over / exact / under what the node's recipe needs
     (ceil((goal - have) / output) x the ingredient's amount); saved advantages are averaged by kind;
     `check_amounts` scores every amount, and trees split by whether all of theirs are right."""
     import json
 
     from lit_agents.types import Rollout, Session
 
-    rao_asks = load_benchmark("rao_asks")
+    rao_asks = load_research("rao_asks")
     recipe = "Recipe: 1 ranusu, 2 vifuro -> 2 lakude. You have 0 lakude."
     # craft 3 lakude -> 2 crafts: 2 ranusu and 4 vifuro are needed
     assert rao_asks.request_kinds(recipe, 'launch_subagent("craft 2 ranusu"), launch_subagent("craft 8 vifuro")',
@@ -288,8 +288,8 @@ def test_rao_asks_benchmark_scores_requests_against_the_recipe(tmp_path, capsys,
     assert both["amounts_right"] == pytest.approx(80.0)
 
 
-def test_rao_margins_benchmark_reads_the_gap_at_each_amount(policy, load_benchmark):
-    """`benchmarks/rao_margins.py`: at each checked amount's first token, the gap between the
+def test_rao_margins_probe_reads_the_gap_at_each_amount(policy, load_research):
+    """`research/rao_margins.py`: at each checked amount's first token, the gap between the
     model's top token and the runner-up, and whether the top token is the written one (a model that
     puts 5 on "2" and 4 on "3": a written 2, right, is kept at a 1-nat gap; a written 3 is wrong
     and changed)."""
@@ -299,7 +299,7 @@ def test_rao_margins_benchmark_reads_the_gap_at_each_amount(policy, load_benchma
 
     from lit_agents.types import Rollout, Session
 
-    rao_margins = load_benchmark("rao_margins")
+    rao_margins = load_research("rao_margins")
     tok = policy.tokenizer
     two, three = tok.convert_tokens_to_ids("2"), tok.convert_tokens_to_ids("3")
 
@@ -323,18 +323,14 @@ def test_rao_margins_benchmark_reads_the_gap_at_each_amount(policy, load_benchma
     assert (s["amounts"], s["gap<1"], s["gap<2"], s["changed_right"], s["changed_wrong"]) == (2, 0.0, 100.0, 0.0, 100.0)
 
 
-def test_rao_update_probe_reads_the_request_counts_an_update_moves(tmp_path, tiny_config, monkeypatch):
-    """`benchmarks/rao_update_probe.py`: the probe sits on the first digit of each scored request
+def test_rao_update_probe_reads_the_request_counts_an_update_moves(tmp_path, tiny_config, load_research):
+    """`research/rao_update_probe.py`: the probe sits on the first digit of each scored request
     (here 4 where the recipe needs 2), an update that rewards the over-asking node makes the larger
     count likelier and its first-order push on log p(exact) is negative, and a variant that leaves
     the update no advantage changes nothing."""
-    import importlib
-    from pathlib import Path
-
     from lit_agents.types import Rollout, Session
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))  # it imports its sibling rao_asks
-    probe = importlib.import_module("rao_update_probe")
+    probe = load_research("rao_update_probe")  # it imports its sibling rao_asks
     model = tmp_path / "model"
     start = AgentPolicy(model="tiny", tiny=tiny_config, finetune="full")
     start.save_pretrained(model)
@@ -443,17 +439,14 @@ def test_tree_metrics_by_difficulty_concurrency_and_wall_clock(policy):
     assert merged == {"a": 0.25, "b": 3.0}
 
 
-def test_rao_decisions_finds_the_call_where_two_greedy_trees_part(tmp_path, monkeypatch, capsys):
-    """`benchmarks/rao_decisions.py`: for each task one evaluation solved and the other did not,
+def test_rao_decisions_finds_the_call_where_two_greedy_trees_part(tmp_path, capsys, load_research):
+    """`research/rao_decisions.py`: for each task one evaluation solved and the other did not,
     the first differing call is a count change (larger/smaller) when only its numbers differ."""
-    import importlib
     import json
-    from pathlib import Path
 
     from lit_agents.types import Rollout, Session
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
-    decisions = importlib.import_module("rao_decisions")
+    decisions = load_research("rao_decisions")
     recipe = "Recipe: 1 soke, 2 noza -> 1 dena. You have 0 dena."
 
     def tree(task, success, *completions):

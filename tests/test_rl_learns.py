@@ -1,6 +1,6 @@
 """GRPO makes a multi-turn agent better than its SFT start, against the no-update control.
 
-The short CI form of the quick start's claim (docs/results.md, "RL that learns"): a small
+The short CI form of the quick start's claim (docs/results.md, Quick start): a small
 multi-turn task where, as in agent RL, failures run to the step limit and successes are short.
 An SFT start that fetches the right item a third of the time at first (two thirds of its
 demonstrations are failures) is trained on by GRPO with whole-group steps and the error-aware

@@ -252,7 +252,7 @@ def test_page_of_multisession_rollouts_renders_in_headless_chromium(policy, text
     advantage = first.sessions[0].advantage
     assert f"advantage<b>{'+' if advantage > 0 else ''}{advantage:.3f}</b>" in dom
 
-    dom = _chromium(page.as_uri() + "#r=2&s=3", tmp_path, "--dump-dom").stdout  # hand-built rollout, session 3
+    dom = _chromium(page.as_uri() + "#r=2&s=3", tmp_path, "--dump-dom").stdout  # session 3 of the hand-built rollout
     assert dom.count('<g class="node') == 5 and dom.count('<li class="turn"') == 1
     assert html.escape(EVIL, quote=False) in dom and dom.count("<script") == 2  # shown as text, never run
 

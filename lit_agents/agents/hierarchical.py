@@ -80,7 +80,7 @@ class HierarchicalAgent(Agent):
         expert_planner, expert_executor: the env's subgoal expert (``expert_subgoal``) writes
             the subgoals, or its executor (``expert_subgoal_action``) the actions, instead of the
             model, in live episodes: ablations that tell which role an agent's failures come
-            from (`benchmarks/multi2_roles.py`). Expert turns are recorded with log-prob 0, as
+            from (`research/multi2_roles.py`). Expert turns are recorded with log-prob 0, as
             demonstrations are; an expert executor with nothing to do for a subgoal (met already,
             unparsable, not in the goal's plan) answers ``inventory; done``. In training
             rollouts only ``expert_planner`` fits System 2's online stage (its planner is

@@ -208,7 +208,7 @@ def _k3(log_ratio: Tensor) -> Tensor:
 
 def _k3_clamp(log_ratio: Tensor) -> Tensor:
     # verl's low_var_kl: the log-ratio within +-20, the estimate at most 10. Tokens past the cap add
-    # no gradient, where k3's ``1 - exp(ref - logp)`` grows without bound (docs/results.md, session 22).
+    # no gradient, where k3's ``1 - exp(ref - logp)`` grows without bound (docs/results.md, Quick start).
     return _k3(log_ratio.clamp(-20.0, 20.0)).clamp(max=10.0)
 
 

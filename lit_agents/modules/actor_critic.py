@@ -368,7 +368,7 @@ class System2GRPO(GRPOPolicy):
     epoch's own sampled subgoal episodes with GRPO's signed advantage instead. Measured on
     TextCraft (3 seeds), it does no better than AWAC and lengthens the executor's episodes:
     from the shipped offline stage and from cloning it moves held-out success by less than the
-    seed spread (docs/results.md, "Multi2 online from the best offline starts"). How it works:
+    seed spread (docs/results.md, Multi2). How it works:
 
     - an executor session (one subgoal episode) scores its summed per-step rewards, Multi2's
       executor reward: 1 when its subgoal is met, plus the environment's reward;

@@ -64,7 +64,7 @@ class GRPOPolicy(AgentModule):
             credited against a baseline that knows it: the batch's mean reward among rollouts with
             a failed action (`advantages.error_baseline_advantages`). A failed episode's turns after
             its first error then carry ~0 advantage instead of the outcome's full penalty (they
-            were most of the gradient's noise: RL health in docs/results.md), and a success that
+            were most of the gradient's noise: docs/results.md, Quick start), and a success that
             recovered from an error credits the recovery.
         kl_estimator: estimator of the KL penalty when a `KLAnchor` is active.
         temperature: temperature the log-probs are computed at; ``None`` = the data module's

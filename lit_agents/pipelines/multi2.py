@@ -18,6 +18,7 @@ tokens per episode are printed as a table and written to ``<out>/results.json``.
     lit-agents multi2 --out runs/m2 --stages system2_grpo         # the signed online alternative
     lit-agents multi2 --out runs/m2 --stages system2_grpo --online-from warmup   # skip the offline stage
     lit-agents multi2 --set trainer.max_epochs=1 --set backbone:data.init_args.demos=400
+    lit-agents multi2 --dry-run                        # each stage's fit command, checked, nothing fitted
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lit_agents.cli import AgentsCLI
 from lit_agents.pipelines import default_config_dir
 from lit_agents.pipelines.evaluate import evaluate_split, summarize
-from lit_agents.pipelines.quickstart import _cli
+from lit_agents.pipelines.quickstart import check_stage, stage_args
 
 STAGES = ("system1_sft", "system2_warmup", "system2_offline", "system2_online")
 # stages fitted only when ``--stages`` names them: alternatives to a stage of the paper's recipe
@@ -86,10 +88,15 @@ def _stage_overrides(config: Path, overrides: list[str], short: bool) -> list[st
     return mine
 
 
-def _fit(config_dir: Path, name: str, out: Path, seed: int, overrides: list[str], short: bool = False):
+def _stage_args(config_dir: Path, name: str, out: Path, seed: int, overrides: list[str],
+                short: bool = False) -> list[str]:
     config = config_dir / f"{name}.yaml"
-    cli = _cli(config, out, name, seed, _stage_overrides(config, overrides, short),
-               _short_overlays(config) if short else ())
+    return stage_args(config, out, name, seed, _stage_overrides(config, overrides, short),
+                      _short_overlays(config) if short else ())
+
+
+def _fit(config_dir: Path, name: str, out: Path, seed: int, overrides: list[str], short: bool = False):
+    cli = AgentsCLI(args=_stage_args(config_dir, name, out, seed, overrides, short), run=False)
     started = time.perf_counter()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return cli, time.perf_counter() - started
@@ -97,13 +104,13 @@ def _fit(config_dir: Path, name: str, out: Path, seed: int, overrides: list[str]
 
 def run(config_dir: Path, out: Path, seed: int, overrides: list[str], baselines: bool = True,
         splits: tuple[str, ...] = ("val", "test"), short: bool = False,
-        only: tuple[str, ...] | None = None, online_from: str = "offline") -> dict[str, Any]:
+        only: tuple[str, ...] | None = None, online_from: str = "offline", dry_run: bool = False) -> dict[str, Any]:
     """Fit the stages in order (``only``: just these, on the models and adapters an earlier run
     left in ``out``; their results join that run's ``results.json``). The online stages start
     from, and are anchored to, the executor of ``online_from``: ``"offline"`` (the paper's
     recipe) or ``"warmup"`` (the warm-up SFT executor: the offline stage skipped; AWAC's replay
-    buffer is still seeded from the offline data, ``offline_demos.jsonl``)."""
-    out.mkdir(parents=True, exist_ok=True)
+    buffer is still seeded from the offline data, ``offline_demos.jsonl``). ``dry_run``: print
+    each stage's ``lit-agents fit`` command after checking that it parses; fit nothing."""
     backbone, adapters, demos = out / "backbone_model", out / "adapters", out / "offline_demos.jsonl"
     planner, warm, offline = adapters / "system1" / "planner", adapters / "warmup" / "executor", \
         adapters / "offline" / "executor"
@@ -133,16 +140,21 @@ def run(config_dir: Path, out: Path, seed: int, overrides: list[str], baselines:
     names = [name for name, _, _ in stages]
     if only is not None and (unknown := set(only) - set(names)):
         raise ValueError(f"unknown stage(s) {sorted(unknown)}; the stages are {names}")
-    saved = out / "results.json"
+    todo = [(name, extra, save) for name, extra, save in stages
+            if ((name in only) if only is not None else (name not in OPT_IN))]
     results: dict[str, Any] = {"seed": seed, "out": str(out), "stages": {}}
+    if dry_run:
+        for name, extra, _ in todo:
+            check_stage(name, _stage_args(config_dir, name, out, seed, [*extra, *overrides], short), "multi2")
+        return results
+    out.mkdir(parents=True, exist_ok=True)
+    saved = out / "results.json"
     if only is not None and saved.exists():
         earlier = json.loads(saved.read_text())
         if earlier.get("seed") != seed:
             raise ValueError(f"{saved} is from seed {earlier.get('seed')}, not {seed}")
         results["stages"] = {k: v for k, v in earlier["stages"].items() if k not in only}
-    for name, extra, save in stages:
-        if (name not in only) if only is not None else (name in OPT_IN):
-            continue
+    for name, extra, save in todo:
         cli, seconds = _fit(config_dir, name, out, seed, [*extra, *overrides], short)
         policy = cli.model.policy
         if name in ("backbone", "flat_sft"):
@@ -187,11 +199,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--online-from", choices=("offline", "warmup"), default="offline",
                         help="the executor the online stages start from and are anchored to: the offline "
                              "stage's (the paper's recipe) or the warm-up SFT's (the offline stage skipped)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print each stage's `lit-agents fit` command after checking that it parses; fit nothing")
     args = parser.parse_args(argv)
     args.config_dir = args.config_dir or default_config_dir("multi2")
     only = tuple(args.stages.split(",")) if args.stages else None
     results = run(args.config_dir, args.out, args.seed, args.set, baselines=not args.skip_baselines,
-                  short=args.short, only=only, online_from=args.online_from)
+                  short=args.short, only=only, online_from=args.online_from, dry_run=args.dry_run)
+    if args.dry_run:
+        return results
     for split in ("val", "test"):
         sys.stdout.write("\n" + table(results, split) + "\n")
     return results

@@ -12,12 +12,16 @@ training go to ``<out>/rollouts.html`` (`lit_agents.viewer`).
     lit-agents quickstart                          # the README's main command (via make)
     lit-agents quickstart --out runs/qs --seed 1
     lit-agents quickstart --sft trainer.max_epochs=1 --rl data.init_args.tasks_per_epoch=4
+    lit-agents quickstart --dry-run                # each stage's fit command, checked, nothing fitted
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -28,10 +32,10 @@ from lit_agents.pipelines import default_config_dir
 from lit_agents.viewer import read_rollouts, render_html
 
 
-def _cli(config: Path, out: Path, name: str, seed: int, overrides: list[str],
-         overlays: tuple[Path, ...] = ()) -> AgentsCLI:
-    """``config`` (then ``overlays``, stacked after it) under ``out/name`` with ``seed``, then the
-    ``key=value`` overrides."""
+def stage_args(config: Path, out: Path, name: str, seed: int, overrides: list[str],
+               overlays: tuple[Path, ...] = ()) -> list[str]:
+    """A stage's ``lit-agents fit`` arguments: ``config`` (then ``overlays``, stacked after it)
+    under ``out/name`` with ``seed``, then the ``key=value`` overrides."""
     args = [
         "-c", str(config),
         *(arg for overlay in overlays for arg in ("-c", str(overlay))),
@@ -40,8 +44,21 @@ def _cli(config: Path, out: Path, name: str, seed: int, overrides: list[str],
         f"--trainer.logger.init_args.save_dir={out}",
         f"--trainer.logger.init_args.name={name}",
     ]
-    args += [f"--{item}" for item in overrides]
-    return AgentsCLI(args=args, run=False)
+    return args + [f"--{item}" for item in overrides]
+
+
+def check_stage(name: str, args: list[str], prog: str) -> None:
+    """Parse a stage's arguments as ``lit-agents fit`` would (every key known, every value of its
+    type: LightningCLI's ``--print_config``, its output dropped), build nothing, and print the
+    command. A bad key or value exits with jsonargparse's error, as the fit itself would."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            AgentsCLI(args=[*args, "--print_config"], run=False)
+        except SystemExit as exit_:
+            if exit_.code:
+                sys.stderr.write(f"[{prog}] {name}: these arguments do not parse: {shlex.join(args)}\n")
+                raise
+    sys.stdout.write(f"[{prog}] {name}: lit-agents fit {shlex.join(args)}\n")
 
 
 SPLITS = {"test": "unseen goal items", "val": "practised goals, unseen instances"}
@@ -107,14 +124,27 @@ def _rollout_page(folder: Path, page: Path) -> Path | None:
     return page
 
 
+# the pipeline evaluates both splits itself after each stage: no validation inside fit
+NO_VAL = ["trainer.check_val_every_n_epoch=1000000"]
+
+
+def stages(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str]) -> dict[str, list[str]]:
+    """Each stage's ``lit-agents fit`` arguments: the RL stage starts from the model the SFT stage
+    saves as ``<out>/sft_model``."""
+    return {
+        "sft": stage_args(config_dir / "quickstart.yaml", out, "sft", seed, [*NO_VAL, *sft]),
+        "rl": stage_args(config_dir / "quickstart_rl.yaml", out, "rl", seed,
+                         [f"model.init_args.policy.init_args.model={out / 'sft_model'}", *NO_VAL, *rl]),
+    }
+
+
 def run(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str],
         untrained_tasks: int = 32) -> dict[str, Any]:
     """Run both stages; returns the results dict. The untrained model plays every episode to the
     step limit, so its row is measured on the first ``untrained_tasks`` tasks of each split."""
     started = time.perf_counter()
-    # the pipeline evaluates both splits itself after each stage: no validation inside fit
-    no_val = ["trainer.check_val_every_n_epoch=1000000"]
-    stage1 = _cli(config_dir / "quickstart.yaml", out, "sft", seed, [*no_val, *sft])
+    args = stages(config_dir, out, seed, sft, rl)
+    stage1 = AgentsCLI(args=args["sft"], run=False)
     untrained = _evaluate(stage1, untrained_tasks)
     stage1.trainer.fit(stage1.model, datamodule=stage1.datamodule)
     after_sft = _evaluate(stage1)
@@ -123,8 +153,7 @@ def run(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str],
     sft_seconds = time.perf_counter() - started
 
     started = time.perf_counter()
-    stage2 = _cli(config_dir / "quickstart_rl.yaml", out, "rl", seed,
-                  [f"model.init_args.policy.init_args.model={sft_model}", *no_val, *rl])
+    stage2 = AgentsCLI(args=args["rl"], run=False)
     stage2.trainer.fit(stage2.model, datamodule=stage2.datamodule)
     after_rl = _evaluate(stage2)
     page = _rollout_page(Path(stage2.trainer.log_dir) / "rollouts", out / "rollouts.html")
@@ -156,8 +185,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rl", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for stage 2")
     parser.add_argument("--untrained-tasks", type=int, default=32, metavar="N",
                         help="tasks per split for the untrained row (it plays every episode to the step limit)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print each stage's `lit-agents fit` command after checking that it parses; fit nothing")
     args = parser.parse_args(argv)
     args.config_dir = args.config_dir or default_config_dir()
+    if args.dry_run:
+        for name, stage in stages(args.config_dir, args.out, args.seed, args.sft, args.rl).items():
+            check_stage(name, stage, "quickstart")
+        return {}
     results = run(args.config_dir, args.out, args.seed, args.sft, args.rl, args.untrained_tasks)
     sys.stdout.write("\n" + _table(results) + "\n")
     return results

@@ -1,4 +1,6 @@
-"""What one epoch's RAO update does to the amounts nodes ask their subagents for, measured on fixed
+"""What does one RAO update do to the amounts nodes ask their subagents for?
+
+What one epoch's RAO update does to the amounts nodes ask their subagents for, measured on fixed
 contexts: replays the update on saved training rollouts (their saved advantages and sampler
 log-probs; CISPO, token mean per optimizer step, whole groups a step as `RolloutDataModule` cuts
 them, AdamW, the KL penalty to the sampler) and reads the model's distribution over the first digit
@@ -11,7 +13,7 @@ Variants change which advantages the update sees: ``full``; ``count`` (only the 
 digits keep theirs); ``other`` (every token but those); ``pos`` / ``neg`` (A > 0 / A < 0 only);
 ``random`` (the same parameters move, in a random direction).
 
-    python benchmarks/rao_update_probe.py <sft run>/adapters/last/model \\
+    python research/rao_update_probe.py <sft run>/adapters/last/model \\
         <rl run>/rollouts/train-epoch0000-rank0.jsonl --lr 5e-4 --mini-batches 4 --variants full count
 """
 

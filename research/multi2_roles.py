@@ -1,4 +1,6 @@
-"""Which role a Multi2 agent's failures come from: greedy held-out success of a trained stage
+"""Which role, planner or executor, do a Multi2 agent's failures come from?
+
+Which role a Multi2 agent's failures come from: greedy held-out success of a trained stage
 with each role played by the model or by the env's subgoal experts (`HierarchicalAgent`'s
 ``expert_planner`` / ``expert_executor``), on the tasks the stage's validation plays.
 
@@ -12,8 +14,8 @@ missed subgoal again), and subgoals and steps per episode. Reads a
 `lit-agents multi2` stage's log folder (its ``config.yaml`` and ``adapters/last``); writes
 ``<log_dir>/roles.json`` (adding to what earlier runs on other splits or arms wrote there).
 
-    python benchmarks/multi2_roles.py runs/multi2/system2_warmup/version_0 [--splits val test] [--tasks 50]
-    python benchmarks/multi2_roles.py runs/multi2/system2_offline/version_0 --arms 0 1   # the executor's arms
+    python research/multi2_roles.py runs/multi2/system2_warmup/version_0 [--splits val test] [--tasks 50]
+    python research/multi2_roles.py runs/multi2/system2_offline/version_0 --arms 0 1   # the executor's arms
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""How confidently a RAO model writes its amounts, on TextCraft-Synth: for every amount
+"""How sure is a RAO model of the amounts it writes?
+
+How confidently a RAO model writes its amounts, on TextCraft-Synth: for every amount
 `envs.textcraft_synth.check_amounts` verifies in saved trees (requests and crafts), teacher-forced
 on the saved transcript, the log-prob gap between the model's top token and the runner-up at the
 amount's first token, and whether its top token is the one written. On a start's own greedy
@@ -6,8 +8,8 @@ trees the top token is always the written one (a check of the positions); with a
 the start's trees it says which of the start's amounts the update changed, right ones and wrong
 ones apart. No sampling, one forward pass a node.
 
-    python benchmarks/rao_margins.py <sft run>/adapters/last/model <sft run>/eval/last-val/rollouts.jsonl
-    python benchmarks/rao_margins.py <rl run>/adapters/last/model <sft run>/eval/last-val/rollouts.jsonl
+    python research/rao_margins.py <sft run>/adapters/last/model <sft run>/eval/last-val/rollouts.jsonl
+    python research/rao_margins.py <rl run>/adapters/last/model <sft run>/eval/last-val/rollouts.jsonl
 """
 
 from __future__ import annotations

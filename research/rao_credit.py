@@ -1,10 +1,12 @@
-"""Where RAO's node credit pushes: per tree depth, the nodes' own success and the advantages they
+"""Where does RAO's node credit push, depth by depth?
+
+Where RAO's node credit pushes: per tree depth, the nodes' own success and the advantages they
 got under each baseline (``root``, the paper's, and ``depth``), from a fit run's saved training
 rollouts (``--data.init_args.save_rollouts=true``). No model is loaded; the node rewards use the
 run's ``lam`` and ``propagate_root``; depth weights are left out, so the numbers are the credit
 itself. Each epoch's file is scored on its own (group ids restart every epoch).
 
-    python benchmarks/rao_credit.py runs/rao_recursive/version_0 [--max-depth 4]
+    python research/rao_credit.py runs/rao_recursive/version_0 [--max-depth 4]
 """
 
 from __future__ import annotations

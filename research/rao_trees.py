@@ -1,4 +1,6 @@
-"""Greedy held-out success of a trained RAO policy (recursive or linear) by task difficulty,
+"""How often does a trained RAO policy succeed by difficulty, and what trees does it grow?
+
+Greedy held-out success of a trained RAO policy (recursive or linear) by task difficulty,
 with the tree shapes it grows: depth, nodes, and why roots ended, under the context window of
 the run's agent. Reads a `lit-agents fit` log folder (its ``config.yaml`` and the model or
 adapter under ``adapters/last``); writes ``<log_dir>/trees.json`` and, per split, the
@@ -6,7 +8,7 @@ adapter under ``adapters/last``); writes ``<log_dir>/trees.json`` and, per split
 `lit_agents.pipelines.evaluate` (``lit-agents eval --group-by difficulty``), which plays the
 seeded sample validation plays (here all of the split unless ``--tasks``).
 
-    python benchmarks/rao_trees.py runs/rao_sft/version_0 [--splits val test] [--tasks 96]
+    python research/rao_trees.py runs/rao_sft/version_0 [--splits val test] [--tasks 96]
 """
 
 from __future__ import annotations

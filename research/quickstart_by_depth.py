@@ -1,8 +1,10 @@
-"""Greedy held-out success by crafting depth of a `lit-agents quickstart` run: its SFT model
+"""How does a quick-start run's held-out success split by crafting depth?
+
+Greedy held-out success by crafting depth of a `lit-agents quickstart` run: its SFT model
 and its RL adapter, on the pipeline's own held-out tasks (the run's seed and ``val_tasks``), in
 the environment of the run's RL config. Writes ``<out>/by_depth.json``.
 
-    python benchmarks/quickstart_by_depth.py runs/quickstart
+    python research/quickstart_by_depth.py runs/quickstart
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""Expert execution trees on TextCraft-Synth by difficulty: solved, depth, nodes, concurrency,
+"""How many TextCraft-Synth tasks do the recursive and linear experts solve, and with what trees?
+
+Expert execution trees on TextCraft-Synth by difficulty: solved, depth, nodes, concurrency,
 next to the linear expert (the demonstrations behind RAO's SFT stage). Code runs in the
 sandboxed REPLs as in live rollouts; the policy only tokenizes.
 
-    python benchmarks/expert_trees.py --tasks 10
+    python research/expert_trees.py --tasks 10
 """
 
 from __future__ import annotations

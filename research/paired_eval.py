@@ -1,4 +1,6 @@
-"""Two or more `lit-agents eval` folders of the same tasks, compared task by task.
+"""Which tasks does one evaluation solve that another of the same tasks does not?
+
+Two or more `lit-agents eval` folders of the same tasks, compared task by task.
 
 Each folder's ``results.csv`` holds one row per rollout (``task_id``, ``seed``, ``success``). The
 first folder is the reference (an SFT start, an offline stage); each later one is paired with it
@@ -13,10 +15,10 @@ role's sampled actions were: the mean log-prob of its sampled tokens (under the 
 they were drawn from: minus the per-token entropy, on the states it visited), the share of its
 actions with a token drawn at probability < 0.1, and its actions per rollout. A sampled
 evaluation that loses success while greedy holds, with these down, is a policy flattened off
-its mode (docs/results.md, "Multi2 online from the warm-up SFT start").
+its mode (docs/results.md, Multi2).
 
-    python benchmarks/paired_eval.py runs/m2/offline-eval-val runs/m2/grpo-eval-val [more ...]
-    python benchmarks/paired_eval.py --role executor runs/m2/warmup-sval runs/m2/offline-sval
+    python research/paired_eval.py runs/m2/offline-eval-val runs/m2/grpo-eval-val [more ...]
+    python research/paired_eval.py --role executor runs/m2/warmup-sval runs/m2/offline-sval
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""How much learning signal one RL step carries, from a policy and an RL config.
+"""How much learning signal does one RL step carry?
+
+Measured from a policy and an RL config.
 
 Two measurements on the training module exactly as a config builds it (its advantage, loss,
 normalization, shaping; any override), each from rollouts the data module plays:
@@ -16,8 +18,8 @@ normalization, shaping; any override), each from rollouts the data module plays:
   shows as success rising with small positive ``a``; on its own tasks only, it fits them without
   generalizing.
 
-    python benchmarks/rl_signal.py --model runs/quickstart/sft_model
-    python benchmarks/rl_signal.py --model runs/quickstart/sft_model --threads 1 \\
+    python research/rl_signal.py --model runs/quickstart/sft_model
+    python research/rl_signal.py --model runs/quickstart/sft_model --threads 1 \\
         --model.init_args.normalizer=... --data.init_args.agent.init_args.temperature=1.0
 
 Unknown arguments are config overrides (``--key=value``), as ``lit-agents fit`` takes them.

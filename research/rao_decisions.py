@@ -1,12 +1,14 @@
-"""Which decision turned each task an RL stage gained or lost: two greedy evaluations of the same
-tasks (the SFT start's and the RL model's ``eval/last-val/rollouts.jsonl``) are walked call by
-call, sessions in order. For each task whose success differs, the first call whose completion
-differs is a *count* change when the two completions are the same with every number masked
-(``larger`` or ``smaller`` by the sum of their numbers: the amounts a node asks its subagents for
-and crafts), and *other* otherwise (a different ingredient, another request, other code). Greedy
-trees are deterministic, so that call is where the two models' trees part. No model is loaded.
+"""Which decision turned each task an RL stage gained or lost?
 
-    python benchmarks/rao_decisions.py <sft log_dir>/eval/last-val/rollouts.jsonl \
+Two greedy evaluations of the same tasks (the SFT start's and the RL model's
+``eval/last-val/rollouts.jsonl``) are walked call by call, sessions in order. For each task whose
+success differs, the first call whose completion differs is a *count* change when the two
+completions are the same with every number masked (``larger`` or ``smaller`` by the sum of their
+numbers: the amounts a node asks its subagents for and crafts), and *other* otherwise (a different
+ingredient, another request, other code). Greedy trees are deterministic, so that call is where the
+two models' trees part. No model is loaded.
+
+    python research/rao_decisions.py <sft log_dir>/eval/last-val/rollouts.jsonl \
         <rl log_dir>/eval/last-val/rollouts.jsonl [--show]
 """
 

@@ -1,16 +1,17 @@
-"""Does Multi2's offline critic rank the actions it weighs? Its advantage ``A = Q(h) - V(s)`` on
-the offline stage's own demonstrations, split by whether each executor action is the env's expert
-action in that state (`env.expert_subgoal_action`) or not (the epsilon-noisy expert's random
-actions, or a behaviour policy's mistakes): mean A and share with A > 0 per kind, the AUC
-``P(A_expert > A_other)`` (0.5: no ranking), and for each actor weighting the share of the
-imitation mass that falls on non-expert actions (uniform weights are behaviour cloning; the
-stage's own ``actor_weights``; ``beta 10``; the binary filter ``1[A > 0]``).
+"""Does Multi2's offline critic rank the expert's actions above the others?
+
+Its advantage ``A = Q(h) - V(s)`` on the offline stage's own demonstrations, split by whether each
+executor action is the env's expert action in that state (`env.expert_subgoal_action`) or not (the
+epsilon-noisy expert's random actions, or a behaviour policy's mistakes): mean A and share
+with A > 0 per kind, the AUC ``P(A_expert > A_other)`` (0.5: no ranking), and for each actor weighting the
+share of the imitation mass that falls on non-expert actions (uniform weights are behaviour
+cloning; the stage's own ``actor_weights``; ``beta 10``; the binary filter ``1[A > 0]``).
 
 Reads a `lit-agents multi2` offline stage's log folder (``config.yaml``, ``checkpoints/last.ckpt``:
 the executor adapter and the critic heads) and the demonstrations file its data module read
 (``data.init_args.path``, or ``--demos``); writes ``<log_dir>/critic.json``.
 
-    python benchmarks/multi2_critic.py runs/multi2/system2_offline/version_0 [--episodes 800]
+    python research/multi2_critic.py runs/multi2/system2_offline/version_0 [--episodes 800]
 """
 
 from __future__ import annotations

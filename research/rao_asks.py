@@ -1,4 +1,6 @@
-"""How much a RAO node asks its subagents for, against what its recipe needs, on TextCraft-Synth:
+"""Do RAO nodes ask their subagents for more, less or exactly what their recipe needs?
+
+How much a RAO node asks its subagents for, against what its recipe needs, on TextCraft-Synth:
 each ``launch_subagent("craft K item")`` a node writes after reading ``Recipe: ... -> N out. You
 have H out`` is *over* when K exceeds ceil((goal count - H) / N) x the ingredient's amount, *under*
 when below it, else *exact*. Asking for more than needed spends base items the node's siblings
@@ -9,8 +11,8 @@ environment's own check (`envs.textcraft_synth.check_amounts`, the expert's rule
 net out held items): the share right, and how often a tree is solved when every amount in it is
 right against when one is wrong. No model is loaded.
 
-    python benchmarks/rao_asks.py <log_dir>/eval/last-val/rollouts.jsonl     # rao_trees.py's output
-    python benchmarks/rao_asks.py runs/rao_recursive/version_0/rollouts/train-epoch*.jsonl
+    python research/rao_asks.py <log_dir>/eval/last-val/rollouts.jsonl     # rao_trees.py's output
+    python research/rao_asks.py runs/rao_recursive/version_0/rollouts/train-epoch*.jsonl
 """
 
 from __future__ import annotations
