@@ -98,6 +98,59 @@ def test_transitions_mark_each_rows_last_action_terminal(tiny_config, textcraft)
     assert batch["input_ids"][0, end].item() == policy.chat.end_id
 
 
+def _expert_batch(tiny_config, textcraft, **kwargs):
+    """An expert episode's executor rows (4 actions over 2 subgoal episodes) and a module."""
+    from lit_agents.algorithms.collate import collate_rows
+
+    policy = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
+    module = System2ActorCritic(policy, head_width=8, **kwargs)
+    rollout = HierarchicalAgent().expert_rollout(policy, textcraft, textcraft.tasks("train")[1])
+    return module, collate_rows(module.demonstration_rows([rollout]), policy.pad_id, with_meta=True)
+
+
+def test_q_reads_each_actions_last_token_and_v_the_token_before_the_action(tiny_config, textcraft):
+    """For every action (a span of completion tokens), Q's feature is the hidden state at the
+    span's last token and V's the hidden state just before the span (the end of its prompt)."""
+    module, batch = _expert_batch(tiny_config, textcraft)
+    with torch.no_grad():
+        t = module._transitions(batch)
+        hidden = module.policy.hidden_states(batch["input_ids"], batch["attention_mask"])
+    k = 0
+    for b, meta in enumerate(batch["meta"]):
+        for start, end in meta["spans"]:
+            assert torch.equal(t["h"][k], hidden[b, end - 1]) and torch.equal(t["s"][k], hidden[b, start - 1])
+            k += 1
+    assert k == len(t["h"]) == 4
+
+
+@pytest.mark.parametrize("phase", ["offline", "online"])
+def test_td_targets_bootstrap_from_v_offline_and_the_next_actions_q_online(tiny_config, textcraft, phase):
+    """Target heads made constant (Q_target = 2, V_target = -1): the TD target of each action is
+    ``r + gamma * (1 - done) * c`` with c = V_target of the next state offline (the paper's) and
+    Q_target of the next action online (AWAC), on the expert episode's rewards [0, 0, 1, 2] and
+    dones [0, 0, 1, 1]."""
+    module, batch = _expert_batch(tiny_config, textcraft, phase=phase, gamma=0.9)
+    with torch.no_grad():
+        for head, value in ((module.q_target, 2.0), (module.v_target, -1.0)):
+            head.net[-1].weight.zero_()
+            head.net[-1].bias.fill_(value)
+        _, _, stats = module._losses(Batch(batch))
+    c = -1.0 if phase == "offline" else 2.0
+    expected = [r + 0.9 * (1 - d) * c for r, d in zip([0.0, 0.0, 1.0, 2.0], [0.0, 0.0, 1.0, 1.0])]
+    assert stats["td_target"].item() == pytest.approx(sum(expected) / 4)
+
+
+def test_online_awac_weights_average_one_within_each_episode(tiny_config):
+    """Online, the AWAC weights are normalised per executor episode (the paper's), not over the
+    batch: each episode's weights average 1 whatever the other episodes' advantages."""
+    policy = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
+    module = System2ActorCritic(policy, phase="online", alpha=1.0, weight_clip=100.0, head_width=8)
+    advantages, episodes = torch.tensor([0.5, -0.5, 1.0, 0.0, 2.0]), torch.tensor([0, 0, 1, 1, 1])
+    weights = module.actor_weights(advantages, episodes)
+    assert weights[:2].mean().item() == pytest.approx(1.0) and weights[2:].mean().item() == pytest.approx(1.0)
+    assert weights[0] > weights[1] and weights[4] > weights[2] > weights[3]
+
+
 def test_step_cost_is_charged_on_every_executor_action(tiny_config, textcraft):
     policy = AgentPolicy(tiny=tiny_config, roles=["planner", "executor"], lora_r=4)
     module = System2ActorCritic(policy, head_width=8, step_cost=0.25)

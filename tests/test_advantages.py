@@ -45,6 +45,17 @@ def test_grpo_graded_rewards_and_scattered_group_ids() -> None:
     assert adv[1] == 0 and adv[3] == 0
 
 
+@pytest.mark.parametrize("fn", [grpo_advantages, rloo_advantages])
+def test_a_constant_group_of_non_integer_rewards_gives_exact_zeros(fn) -> None:
+    """Three rewards of 0.1: their float mean is not exactly 0.1 (the deviations are ~1e-11, which
+    a std of ~0 would blow up), so only the constant-group guard gives exact zeros; and a group
+    with no signal must read as none (Mosaic keeps a group where any advantage is != 0)."""
+    rewards, groups = torch.tensor([0.1, 0.1, 0.1, 0.0, 1.0], dtype=torch.float64), torch.tensor([0, 0, 0, 1, 1])
+    adv = fn(rewards, groups)
+    assert adv[:3].eq(0).all() and adv[3:].ne(0).all(), adv
+    assert group_has_signal(rewards, groups).tolist() == [False, False, False, True, True]
+
+
 def test_grpo_eps_enters_denominator() -> None:
     # {0, 2}: mean 1, sample std sqrt(2) = 1.4142136; eps 1 -> A = +-1 / 2.4142136 = +-0.4142136.
     adv = grpo_advantages(torch.tensor([0.0, 2.0]), torch.tensor([0, 0]), eps=1.0)

@@ -338,11 +338,15 @@ def test_bf16_mixed_rollouts_match_training_numerics(tiny_config, textcraft, tmp
 @pytest.mark.parametrize("packing", [False, True])
 def test_gradient_accumulation_is_a_token_mean_over_the_whole_step(tiny_config, textcraft, tmp_path, packing):
     """A step of several (unequal) micro-batches has the gradient of one token-mean loss over every
-    trained token of the step, not the mean of the batch means."""
+    trained token of the step, not the mean of the batch means: the policy loss and the KL
+    anchor's term (added with its sign, over the same token count)."""
     from lightning.pytorch import Callback
 
+    from lit_agents.algorithms.losses import kl_loss
+
     policy = AgentPolicy(tiny=tiny_config, lora_r=4, lora_targets="all-linear", lora_dropout=0.0)
-    module = GRPOPolicy(policy, lr=1e-3, drop_zero_signal=False)
+    # k1: its gradient at the reference is not 0 (k3's is), so the anchor shows in the first step
+    module = GRPOPolicy(policy, lr=1e-3, drop_zero_signal=False, kl_estimator="k1")
     module.rollout_advantages = lambda rollouts: torch.linspace(-1, 1, len(rollouts))
     data = RolloutDataModule(textcraft, ReActAgent(max_new_tokens=8, max_steps=3), tasks_per_epoch=3, group_size=2,
                              val_tasks=0, max_tokens_per_batch=250, packing=packing, mini_batches=1)
@@ -364,10 +368,13 @@ def test_gradient_accumulation_is_a_token_mean_over_the_whole_step(tiny_config, 
             if len(batches) < 2 or len({int(b.tensors["action_mask"].sum()) for b in batches}) < 2:
                 return  # need two batches of different sizes to tell the means apart
             with torch.enable_grad():
-                total = sum(pl_module.policy_loss(pl_module.policy.batch_logprobs(b.tensors, pl_module.temperature),
-                                                  b.tensors["old_logprobs"], b.tensors["advantages"],
-                                                  b.tensors["action_mask"], normalizer=float(tokens)).loss
-                            for b in batches)
+                total = 0.0
+                for b in batches:
+                    logp, mask = pl_module.policy.batch_logprobs(b.tensors, pl_module.temperature), \
+                        b.tensors["action_mask"]
+                    total = total + pl_module.policy_loss(logp, b.tensors["old_logprobs"], b.tensors["advantages"],
+                                                          mask, normalizer=float(tokens)).loss
+                    total = total + 0.5 * kl_loss(logp, b.ref_logprobs, mask, "k1", float(tokens)).loss
                 want = torch.autograd.grad(total, params)
             for g, w in zip(got, want):
                 torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
@@ -376,7 +383,8 @@ def test_gradient_accumulation_is_a_token_mean_over_the_whole_step(tiny_config, 
 
     Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-            callbacks=[Check()], default_root_dir=tmp_path).fit(module, datamodule=data)
+            callbacks=[KLAnchor(coef=0.5, reference="base"), Check()], default_root_dir=tmp_path
+            ).fit(module, datamodule=data)
     assert checked, "no optimizer step with two unequal batches"
 
 
@@ -589,3 +597,48 @@ def test_saved_advantages_land_on_the_rollouts_trained_after_the_zero_signal_fil
     record_advantages(rollouts, rows)
     got = [r.sessions[0].advantage for r in rollouts]
     assert got[:2] == [None, None] and got[2] > 0 > got[3]
+
+
+def test_the_adaptive_kl_controller_raises_the_coefficient_above_its_target_and_lowers_it_below():
+    """Ziegler et al.'s controller: a KL above ``target_kl`` multiplies the coefficient by
+    ``1 + min(kl / target - 1, 0.2) * rows / horizon``, one below divides it down; a step with no
+    rows leaves it."""
+    from types import SimpleNamespace
+
+    from lit_agents.algorithms.collate import Batch, collate_rows, demo_row
+
+    batch = Batch(collate_rows([demo_row([1, 2], [3])] * 4, 0, with_meta=True))
+    anchor = KLAnchor(coef=0.1, adaptive=True, target_kl=0.05, horizon=40)
+    for kl, factor in ((0.5, 1 + 0.2 * 4 / 40), (0.04, 1 - 0.2 * 4 / 40), (0.0, 1 - 0.2 * 4 / 40)):
+        before = anchor.coef
+        anchor.on_train_batch_end(SimpleNamespace(callback_metrics={"train/kl": torch.tensor(kl)}), None, None,
+                                  batch, 0)
+        assert anchor.coef == pytest.approx(before * factor), kl
+    before = anchor.coef
+    anchor.on_train_batch_end(SimpleNamespace(callback_metrics={"train/kl": torch.tensor(1.0)}), None, None,
+                              Batch.empty(), 0)
+    assert anchor.coef == before
+
+
+def test_lora_checkpoint_best_is_the_epoch_with_the_best_score(tmp_path, monkeypatch):
+    """Validation scores 0.2, 0.5, 0.3 (mode max): best is epoch 1, saved once more than the
+    first; with mode min the first epoch stays best."""
+    from types import SimpleNamespace
+
+    for mode, best in (("max", 1), ("min", 0)):
+        saves = []
+        checkpoint = LoRACheckpoint(mode=mode)
+
+        def save(trainer, module, name):
+            saves.append((trainer.current_epoch, name))
+            (tmp_path / mode / name).mkdir(parents=True, exist_ok=True)
+            return tmp_path / mode / name
+
+        monkeypatch.setattr(checkpoint, "_save_everywhere", save)
+        for epoch, score in enumerate((0.2, 0.5, 0.3)):
+            trainer = SimpleNamespace(callback_metrics={"val/success": torch.tensor(score)}, sanity_checking=False,
+                                      state=SimpleNamespace(fn="fit"), current_epoch=epoch, is_global_zero=True)
+            checkpoint.on_validation_end(trainer, None)
+        assert checkpoint.best_epoch == best and checkpoint.best_score == pytest.approx((0.2, 0.5, 0.3)[best])
+        assert saves[-1] == (best, "best")
+        assert json.loads((tmp_path / mode / "best" / "best.json").read_text())["epoch"] == best

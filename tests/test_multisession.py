@@ -91,6 +91,29 @@ def test_fork_runs_a_subagent_and_returns_its_result(policy, textcraft):
     assert max(agent.batches) >= 2  # both episodes batched
 
 
+def test_a_fork_after_some_progress_starts_the_subagent_where_the_task_stands(policy, textcraft):
+    """The main agent gets the logs first (task progress 1/3), then forks: the subagent's
+    starting progress, on the task and on its own goal, is the state's at the fork, not the
+    task's start, so its gain is only what it did."""
+    task = textcraft.tasks("train")[1]  # acacia door: logs, planks, planks, door
+
+    def script(line):
+        state = line.episode.state
+        if line.parent is not None:
+            return textcraft.expert_subgoal_action(state, line.goal)
+        if line.episode.steps == 1 and not line.episode.forks:
+            return "fork: craft 6 acacia planks"
+        return textcraft.expert_action(state)
+
+    agent = Scripted(script, compaction=False, forking=True, system_prompt="")
+    (rollout,) = agent.run(policy, textcraft, [task])
+    main, sub = rollout.sessions[0], rollout.sessions[1]
+    assert main.calls[0].completion_text.startswith("get") and sub.kind == "subagent" and sub.success
+    assert sub.progress_before == pytest.approx(1 / 3) and sub.progress_after == pytest.approx(2 / 3)
+    assert sub.goal_progress_before == pytest.approx(1 / 3) and sub.goal_progress_after == 1.0
+    assert main.progress_before == 0.0 and rollout.success
+
+
 def test_fork_limit(policy, textcraft):
     script = lambda line: "done" if line.parent is not None else "fork: craft 1 acacia planks"
     agent = Scripted(script, compaction=False, forking=True, max_forks=2, max_steps=6, system_prompt="")
