@@ -140,3 +140,16 @@ def test_vllm_engine_without_vllm_names_the_extra(tiny_config, monkeypatch):
         AgentPolicy(tiny=tiny_config, vllm=VLLMSettings())
     with pytest.raises(ValueError, match="engine must be"):
         AgentPolicy(tiny=tiny_config, engine="sglang")
+
+
+def test_the_vllm_overlay_stacks_on_an_rl_config(capsys):
+    from pathlib import Path
+
+    from lit_agents.cli import main
+
+    configs = Path(__file__).parents[1] / "configs"
+    with pytest.raises(SystemExit):
+        main(["fit", "-c", str(configs / "quickstart_rl.yaml"), "-c", str(configs / "engines" / "vllm.yaml"),
+              "--print_config"])
+    out = capsys.readouterr().out
+    assert "engine: vllm" in out and "gpu_memory_utilization: 0.3" in out and "engine_correction: tis" in out
