@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu import copy_bandwidth  # noqa: E402
-from rollout_engines import rl_step  # noqa: E402
+from rollout_engines import local_checkpoint, rl_step  # noqa: E402
 
 from lit_agents.generation import GenerationEngine, SamplingParams  # noqa: E402
 from lit_agents.policy import AgentPolicy  # noqa: E402
@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> list[tuple[str, str]]:
     args.gpu_memory, args.kv_gb, args.rl_steps = 0.3, 2, 4 if args.smoke else 12
     device = torch.cuda.get_device_name() if cuda else "no CUDA device (CPU)"
     print(f"{device}; torch {torch.__version__}; model {args.model}", flush=True)
+    args.model = local_checkpoint(args.model)
     rows: list[tuple[str, str]] = []
     bandwidth = None
     if cuda:

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rollout import make_workload, rate  # noqa: E402
 
 from lit_agents.generation import GenerationEngine, SamplingParams, VLLMSettings  # noqa: E402
+from lit_agents.models import convert_gguf, resolve_model  # noqa: E402
 from lit_agents.policy import AgentPolicy  # noqa: E402
 
 
@@ -51,6 +52,13 @@ def build_policy(model: str, engine: str, args: argparse.Namespace) -> AgentPoli
             if "lora_B" in name:
                 param.normal_(0.0, 0.01)
     return policy
+
+
+def local_checkpoint(model: str) -> str:
+    """``model`` as a checkpoint folder where it is a GGUF file (dequantized once, cached): each
+    policy the benchmark builds then loads in a second instead of parsing the GGUF again."""
+    source = resolve_model(model) if model != "tiny" else None
+    return convert_gguf(source).path if source is not None and source.gguf_file else model
 
 
 def sync(device: str) -> None:
@@ -166,15 +174,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     if args.threads:
         torch.set_num_threads(args.threads)
     results: dict[str, dict[str, float]] = {}
-    for model in args.models:
-        print(f"{model}: {args.groups * args.group_size} sessions ({args.groups} groups x {args.group_size}), "
+    for name in args.models:
+        model = local_checkpoint(name)
+        print(f"{name}: {args.groups * args.group_size} sessions ({args.groups} groups x {args.group_size}), "
               f"{args.turns} turns, <= {args.max_new} new tokens, {args.dtype} on {args.device}, "
               f"{torch.get_num_threads()} threads", flush=True)
         res = rollouts(model, args)
         if args.rl_tasks:
             for engine in ("builtin", "vllm"):
                 res.update({f"{engine}_{k}": v for k, v in rl_step(model, engine, args).items()})
-        results[model] = res
+        results[name] = res
     print("\n| model | built-in tok/s | vLLM tok/s | vLLM / built-in | RL step built-in s | RL step vLLM s |")
     print("|---|---|---|---|---|---|")
     for model, r in results.items():

@@ -211,8 +211,11 @@ class VLLMEngine:
             if s.tensor_parallel_size != 1:
                 raise ValueError("under DDP every rank runs its own vLLM engine: set vllm.tensor_parallel_size: 1 "
                                  "(or train in one process and let vLLM span the GPUs)")
-            kwargs["distributed_executor_backend"] = "external_launcher"  # vLLM joins this rank's process group
+            # vLLM joins this rank's process group (it reads the rank from the environment)
+            kwargs["distributed_executor_backend"] = "external_launcher"
             kwargs["seed"] = s.seed + torch.distributed.get_rank()
+            os.environ.setdefault("RANK", str(torch.distributed.get_rank()))
+            os.environ.setdefault("LOCAL_RANK", str(torch.cuda.current_device() if torch.cuda.is_available() else 0))
         set_threads = torch.set_num_threads
         try:
             return LLM(**{**kwargs, **s.extra})
