@@ -23,8 +23,9 @@ LOGPROB_TOLERANCE = 1e-4
 
 
 def _engine_policy(vllm_tiny, **kwargs) -> AgentPolicy:
-    policy = AgentPolicy(tiny=vllm_tiny, engine="vllm", vllm=VLLMSettings(cpu_kv_cache_gb=1), **kwargs).eval()
-    return policy
+    # vLLM's own counters on (its prefix cache's hits)
+    settings = VLLMSettings(cpu_kv_cache_gb=1, extra={"disable_log_stats": False})
+    return AgentPolicy(tiny=vllm_tiny, engine="vllm", vllm=settings, **kwargs).eval()
 
 
 def _close(policy: AgentPolicy) -> None:
@@ -68,6 +69,17 @@ def test_greedy_tokens_equal_on_both_engines(policy, textcraft, monkeypatch):
         torch.testing.assert_close(torch.tensor(ours.logprobs), torch.tensor(theirs.logprobs), atol=LOGPROB_TOLERANCE,
                                    rtol=0)
     assert policy.engine_stats()["engine/probe_diff"] < LOGPROB_TOLERANCE
+
+
+def test_later_turns_reuse_the_prefix_cache(policy, textcraft):
+    def hits() -> float:
+        return sum(m.value for m in policy._vllm.llm.get_metrics() if m.name == "vllm:prefix_cache_hits")
+
+    with torch.no_grad():
+        ReActAgent(max_new_tokens=8, max_steps=1).run(policy, textcraft, textcraft.tasks("train")[4:5], 1)
+        before = hits()
+        ReActAgent(max_new_tokens=8, max_steps=4).run(policy, textcraft, textcraft.tasks("train")[5:7], 2)
+    assert hits() - before >= 3 * 16  # each later turn finds its context's full blocks (16 tokens each)
 
 
 def test_sampled_logprobs_are_the_trainers(policy, textcraft):
