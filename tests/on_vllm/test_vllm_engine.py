@@ -108,6 +108,14 @@ def test_a_seeded_run_repeats(policy, textcraft):
     assert ids(first) == ids(again) and ids(first) != ids(other)
 
 
+def test_a_batch_longer_than_a_scheduler_step(policy, textcraft):
+    """The quick start's rollout shape: 256 seeded sessions whose prompts add up to more tokens than
+    one default scheduler step takes."""
+    with torch.no_grad():
+        rollouts = ReActAgent(max_new_tokens=4, max_steps=1).run(policy, textcraft, textcraft.tasks("train")[:32], 8)
+    assert len(rollouts) == 256 and sum(len(r.sessions[0].calls[0].prompt_ids) for r in rollouts) > 8192
+
+
 def _step(policy, lr=0.05):
     """One Adam step of the trainable weights toward the probe's tokens (a large move)."""
     engine = policy._vllm
