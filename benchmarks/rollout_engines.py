@@ -42,7 +42,8 @@ from lit_agents.policy import AgentPolicy  # noqa: E402
 
 def build_policy(model: str, engine: str, args: argparse.Namespace) -> AgentPolicy:
     """A LoRA policy whose adapter changes the output (B drawn, not 0), on ``args.device``."""
-    settings = VLLMSettings(gpu_memory_utilization=args.gpu_memory, cpu_kv_cache_gb=args.kv_gb)
+    settings = VLLMSettings(gpu_memory_utilization=args.gpu_memory, cpu_kv_cache_gb=args.kv_gb,
+                            enforce_eager=getattr(args, "vllm_eager", None))
     vllm = settings if engine == "vllm" else None
     policy = AgentPolicy(model, lora_targets="all-linear", lora_dropout=0.0, dtype=args.dtype, engine=engine,
                          vllm=vllm).to(args.device).eval()
@@ -170,6 +171,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--gpu-memory", type=float, default=0.3, help="vLLM's gpu_memory_utilization")
     parser.add_argument("--kv-gb", type=int, default=2, help="vLLM's CPU KV cache (GiB), CPU build only")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    parser.add_argument("--vllm-compiled", dest="vllm_eager", action="store_false", default=None,
+                        help="let vLLM compile its model on a CPU too (minutes at its start; eager by default there)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
