@@ -46,6 +46,7 @@ from torch import Tensor
 
 from lit_agents.generation.engine import Completion
 from lit_agents.generation.sampling import SamplingParams
+from lit_agents.models import convert_gguf
 
 if TYPE_CHECKING:
     from lit_agents.policy import AgentPolicy
@@ -229,13 +230,15 @@ class VLLMEngine:
             torch.set_num_threads = set_threads  # the CPU build disables it process-wide; the trainer shares it
 
     def _model_folder(self) -> Path | str:
-        """What vLLM loads: the policy's own checkpoint where it is the base as trained on, else
-        the base saved once to the engine's folder (an SFT adapter merged in, a GGUF, a 4-bit load)."""
-        source = self.policy.source
-        if source is not None and source.gguf_file is None and not self.policy.merged_from \
-                and not self.policy.load_in_4bit:
-            return source.path
-        return save_base(self.policy, self.workdir / "base")
+        """What vLLM loads: the policy's own checkpoint (a 4-bit policy's full-precision one, which
+        vLLM quantizes as it loads), else the base saved to the engine's folder (an SFT adapter merged
+        in, a GGUF file's weights)."""
+        policy = self.policy
+        if policy.source.gguf_file is None and not policy.merged_from:
+            return policy.source.path
+        if policy.load_in_4bit:  # its weights in memory are 4-bit: vLLM gets the dequantized GGUF
+            return convert_gguf(policy.source).path
+        return save_base(policy, self.workdir / "base")
 
     @property
     def sleeps(self) -> bool:
