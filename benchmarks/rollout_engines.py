@@ -41,12 +41,14 @@ from lit_agents.policy import AgentPolicy  # noqa: E402
 
 
 def build_policy(model: str, engine: str, args: argparse.Namespace) -> AgentPolicy:
-    """A LoRA policy whose adapter changes the output (B drawn, not 0), on ``args.device``."""
+    """A LoRA policy whose adapter changes the output (B drawn, not 0), on ``args.device``; with
+    ``--full`` the plain model, fully fine-tuned."""
     settings = VLLMSettings(gpu_memory_utilization=args.gpu_memory, cpu_kv_cache_gb=args.kv_gb,
                             enforce_eager=getattr(args, "vllm_eager", None))
     vllm = settings if engine == "vllm" else None
-    policy = AgentPolicy(model, lora_targets="all-linear", lora_dropout=0.0, dtype=args.dtype, engine=engine,
-                         vllm=vllm).to(args.device).eval()
+    lora = {"lora_targets": "all-linear", "lora_dropout": 0.0}
+    tuning = {"finetune": "full"} if getattr(args, "full", False) else lora
+    policy = AgentPolicy(model, dtype=args.dtype, engine=engine, vllm=vllm, **tuning).to(args.device).eval()
     torch.manual_seed(0)
     with torch.no_grad():
         for name, param in policy.named_parameters():
@@ -171,6 +173,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--gpu-memory", type=float, default=0.3, help="vLLM's gpu_memory_utilization")
     parser.add_argument("--kv-gb", type=int, default=2, help="vLLM's CPU KV cache (GiB), CPU build only")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    parser.add_argument("--full", action="store_true", help="no adapter: every weight trains, vLLM serves no LoRA")
     parser.add_argument("--vllm-compiled", dest="vllm_eager", action="store_false", default=None,
                         help="let vLLM compile its model on a CPU too (minutes at its start; eager by default there)")
     args = parser.parse_args(argv)
