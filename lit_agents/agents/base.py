@@ -19,6 +19,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_agents.generation import GenerationEngine, SamplingParams
+from lit_agents.generation.vllm_engine import VLLMEngine
 from lit_agents.types import Call, Session
 
 if TYPE_CHECKING:
@@ -56,8 +57,9 @@ class Cursor:
         self.pending = ([policy.chat.end_id] if self.cut else []) + policy.chat.next(text)
 
 
-def sample_turns(policy: AgentPolicy, engine: GenerationEngine, cursors: Sequence[Cursor], params: SamplingParams,
-                 generator: torch.Generator, version: int = 0, role: str | None = None) -> list[str]:
+def sample_turns(policy: AgentPolicy, engine: GenerationEngine | VLLMEngine, cursors: Sequence[Cursor],
+                 params: SamplingParams, generator: torch.Generator, version: int = 0,
+                 role: str | None = None) -> list[str]:
     """One batched model call: every cursor's pending tokens prefilled and one turn sampled.
     Each turn is recorded as a `Call` in its cursor's session (``role``: default the policy's
     active adapter); returns the decoded texts."""
@@ -130,14 +132,18 @@ class Agent(ABC):
         return SamplingParams(temperature=0.0 if greedy else temp, top_p=1.0 if greedy else self.top_p,
                               max_new_tokens=max_new_tokens, stop_token_ids=policy.chat.stop_ids)
 
-    def engine(self, policy: AgentPolicy, seed: int) -> tuple[GenerationEngine, torch.Generator]:
-        """A generation engine over the policy's model and a seeded generator on its device."""
+    def engine(self, policy: AgentPolicy, seed: int) -> tuple[GenerationEngine | VLLMEngine, torch.Generator]:
+        """The policy's rollout engine (`AgentPolicy(engine=...)`: the built-in one over its model,
+        or its vLLM engine) and a seeded generator on its device."""
         device = next(policy.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(seed)
+        if policy.engine == "vllm":
+            return policy.vllm_engine(self.show_progress), generator
         # on a GPU: CUDA-graph decode, compiled as one step when the policy compiles its layers
         engine = GenerationEngine(policy.model, pad_token_id=policy.pad_id, tokenizer=policy.tokenizer,
                                   show_progress=self.show_progress,
                                   compile=policy.compiled and device.type == "cuda")
-        return engine, torch.Generator(device=device).manual_seed(seed)
+        return engine, generator
 
     @staticmethod
     def context_limit(policy: AgentPolicy, limit: int | None = None) -> int:

@@ -62,6 +62,10 @@ class Row:
         advantages: the advantage of each trained token, 0.0 elsewhere.
         role: the adapter (role) that trains on this row.
         meta: where the row came from (rollout index, session id, kind, depth, truncated, ...).
+        trainer_logprobs: the trainer's log-prob of each trained token under the weights that
+            sampled it (recomputed after the rollout: `GRPOPolicy.add_trainer_logprobs`), 0.0
+            elsewhere; None where not recomputed. Differs from ``old_logprobs`` where the sampling
+            engine computes otherwise than the trainer (vLLM's kernels, precision).
     """
 
     input_ids: list[int]
@@ -70,10 +74,13 @@ class Row:
     advantages: list[float]
     role: str = "default"
     meta: dict[str, Any] = field(default_factory=dict)
+    trainer_logprobs: list[float] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
         lengths = (len(self.action_mask), len(self.old_logprobs), len(self.advantages))
+        if self.trainer_logprobs is not None:
+            lengths += (len(self.trainer_logprobs),)
         if any(length != n for length in lengths):
             raise ValueError(
                 f"Row lists differ in length: input_ids {n}, action_mask/old_logprobs/advantages "
@@ -351,8 +358,9 @@ def collate_rows(rows: list[Row], pad_id: int, with_meta: bool = False) -> dict[
     Returns:
         ``input_ids [B, T]`` long, ``attention_mask [B, T]`` long, ``action_mask [B, T]`` bool,
         ``old_logprobs [B, T]`` float32, ``advantages [B, T]`` float32, where ``T`` is the
-        longest row; padding is 0 / False everywhere except ``input_ids`` (``pad_id``). With
-        ``with_meta``, also ``meta``: the rows' ``meta`` dicts (for per-row data such as spans).
+        longest row; padding is 0 / False everywhere except ``input_ids`` (``pad_id``). Where
+        every row has them, also ``trainer_logprobs [B, T]`` float32. With ``with_meta``, also
+        ``meta``: the rows' ``meta`` dicts (for per-row data such as spans).
     """
     if not rows:
         raise ValueError("collate_rows needs at least one row")
@@ -373,6 +381,10 @@ def collate_rows(rows: list[Row], pad_id: int, with_meta: bool = False) -> dict[
         batch["action_mask"][b, :n] = torch.tensor(row.action_mask, dtype=torch.bool)
         batch["old_logprobs"][b, :n] = torch.tensor(row.old_logprobs, dtype=torch.float32)
         batch["advantages"][b, :n] = torch.tensor(row.advantages, dtype=torch.float32)
+    if all(row.trainer_logprobs is not None for row in rows):
+        batch["trainer_logprobs"] = torch.zeros((B, T), dtype=torch.float32)
+        for b, row in enumerate(rows):
+            batch["trainer_logprobs"][b, : row.num_tokens] = torch.tensor(row.trainer_logprobs, dtype=torch.float32)
     if with_meta:
         batch["meta"] = [row.meta for row in rows]
     return batch
@@ -612,6 +624,8 @@ def collate_packed(packs: list[list[Row]], pad_id: int, with_meta: bool = False)
         action_mask=[m for row in pack for m in row.action_mask],
         old_logprobs=[lp for row in pack for lp in row.old_logprobs],
         advantages=[a for row in pack for a in row.advantages],
+        trainer_logprobs=None if any(row.trainer_logprobs is None for row in pack)
+        else [lp for row in pack for lp in row.trainer_logprobs],
     ) for pack in packs]
     batch = collate_rows(flat, pad_id)
     positions = torch.zeros_like(batch["input_ids"])

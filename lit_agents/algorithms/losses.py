@@ -15,6 +15,8 @@ Implemented:
 - ``cispo_loss``: CISPO (MiniMax-M1, arXiv 2506.13585), RAO's choice: a REINFORCE loss weighted
   by the stop-gradient importance ratio clipped to ``[0, max_ratio]``. The paper clips only above
   (``1 + eps_high``); the lower bound 0 here is a no-op (docs/algorithms.md, Losses).
+- ``engine_is_weights``: truncated (TIS) or masked (MIS) importance weights for the rollout engine's
+  mismatch with the trainer (vLLM's log-probs differ from the trainer's: kernels, precision).
 - ``kl_estimate`` / ``kl_loss``: k1, k2, k3 estimators of ``KL(pi || ref)`` with samples from pi
   (Schulman, "Approximating KL divergence", 2020).
 - ``sft_loss``: mean NLL over target tokens.
@@ -48,6 +50,8 @@ __all__ = [
     "masked_mean",
     "ppo_clip_loss",
     "cispo_loss",
+    "EngineCorrection",
+    "engine_is_weights",
     "kl_estimate",
     "kl_loss",
     "vocab_kl",
@@ -191,6 +195,66 @@ def cispo_loss(
     safe_logp = torch.where(mask, logp, torch.zeros_like(logp))
     loss = masked_mean(-weight * adv * safe_logp, mask, normalizer)
     return LossOutput(loss, _ratio_stats(log_ratio, mask, log_ratio.exp() > max_ratio))
+
+
+EngineCorrection = Literal["none", "tis", "mis"]
+
+
+def engine_is_weights(
+    trainer_logp: Tensor,
+    sampler_logp: Tensor,
+    mask: Tensor,
+    mode: EngineCorrection = "tis",
+    cap: float = 2.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-token importance weights for the sampling engine's mismatch with the trainer.
+
+    A token was sampled from the engine's distribution, while the loss's ratio is taken against
+    the trainer's log-probs of the same weights; ``rho = exp(trainer_logp - sampler_logp)``
+    reweighs each token from the engine's distribution to the trainer's:
+
+    - ``"tis"``: truncated importance sampling, ``min(rho, cap)`` (Yao et al. 2025, "Your
+      Efficient RL Framework Secretly Brings You Off-Policy RL Training");
+    - ``"mis"``: masked importance sampling, ``rho`` where ``rho <= cap``, else 0: the tokens the
+      engine over-sampled by more than ``cap`` are dropped from the gradient (Liu, Li et al. 2025,
+      "When Speed Kills Stability");
+    - ``"none"``: 1 (the weights are still measured).
+
+    Args:
+        trainer_logp: ``[B, T]`` the trainer's log-probs of the sampled tokens (same weights).
+        sampler_logp: ``[B, T]`` the engine's log-probs of them.
+        mask: ``[B, T]`` bool, True on trained tokens.
+        mode: which correction.
+        cap: ``C``, the truncation (TIS) or masking (MIS) threshold; at least 1.
+
+    Returns:
+        ``[B, T]`` detached weights (0 off the mask) and stats: ``engine_kl`` (k3 estimate of
+        ``KL(engine || trainer)`` from the engine's tokens, ``rho - 1 - log rho``),
+        ``engine_ratio_mean``, ``engine_ratio_max`` and ``engine_masked_frac`` (the share of
+        tokens with ``rho > cap``: truncated under TIS, masked under MIS).
+    """
+    if mode not in ("none", "tis", "mis"):
+        raise ValueError(f"mode must be 'none', 'tis' or 'mis', got {mode!r}")
+    if cap < 1.0:
+        raise ValueError(f"cap must be at least 1, got {cap}")
+    with torch.no_grad():
+        mask = mask.bool()
+        log_rho = torch.where(mask, trainer_logp.float() - sampler_logp.float(), torch.zeros_like(trainer_logp))
+        rho = log_rho.exp()
+        over = (rho > cap) & mask
+        if mode == "tis":
+            weights = rho.clamp(max=cap)
+        elif mode == "mis":
+            weights = torch.where(over, torch.zeros_like(rho), rho)
+        else:
+            weights = torch.ones_like(rho)
+        stats = {
+            "engine_kl": masked_mean(torch.expm1(log_rho) - log_rho, mask),
+            "engine_ratio_mean": masked_mean(rho, mask),
+            "engine_ratio_max": torch.where(mask, rho, torch.zeros_like(rho)).max(),
+            "engine_masked_frac": masked_mean(over.float(), mask),
+        }
+        return torch.where(mask, weights, torch.zeros_like(weights)), stats
 
 
 def _k1(log_ratio: Tensor) -> Tensor:

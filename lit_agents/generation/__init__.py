@@ -2,7 +2,8 @@
 
 Modules: `sampling` (settings, inverse-CDF sampling), `kv_cache` (per-session contexts, the
 call's cache buffer), `engine` (`GenerationEngine`), `hf_patches` (every reach into
-transformers' internals, with the versions it was checked against).
+transformers' internals, with the versions it was checked against), `vllm_engine` (`VLLMEngine`:
+the same interface served by vLLM, chosen with ``AgentPolicy(engine="vllm")``).
 
 Agent loops step many episodes in lock-step. Each turn every live session appends its new tokens
 (an environment observation plus chat markup) and samples a completion. `GenerationEngine` is
@@ -42,6 +43,7 @@ from lit_agents.generation.engine import Completion, GenerationEngine
 from lit_agents.generation.hf_patches import DECODE_ATTENTION, decode_attention
 from lit_agents.generation.kv_cache import KVContext
 from lit_agents.generation.sampling import SamplingParams, sample_from_logits
+from lit_agents.generation.vllm_engine import VLLMContext, VLLMEngine, VLLMSettings
 
-__all__ = ["DECODE_ATTENTION", "Completion", "GenerationEngine", "KVContext", "SamplingParams", "decode_attention",
-           "sample_from_logits"]
+__all__ = ["DECODE_ATTENTION", "Completion", "GenerationEngine", "KVContext", "SamplingParams", "VLLMContext",
+           "VLLMEngine", "VLLMSettings", "decode_attention", "sample_from_logits"]

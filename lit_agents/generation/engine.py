@@ -26,13 +26,14 @@ class Completion:
             (temperature and top-p renormalization applied). Under greedy decoding
             (temperature 0) the model's log-prob at temperature 1 is reported.
         finish_reason: ``stop`` (stop token or string) or ``length`` (``max_new_tokens`` reached).
-        context: the session's handle, to continue it with the next call.
+        context: the session's handle, to continue it with the next call (a `KVContext` here,
+            a `VLLMContext` from the vLLM engine).
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: Literal["stop", "length"]
-    context: KVContext
+    context: Any
 
 
 

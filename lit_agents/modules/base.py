@@ -6,7 +6,8 @@
 - Checkpoints hold what trains (adapters, or every weight under full fine-tuning) and never the
   frozen base: ``on_save_checkpoint`` drops frozen tensors and loading is non-strict.
 - ``on_train_epoch_start`` logs ``rollout/*`` for the epoch's training rollouts when the data
-  module played any.
+  module played any (and ``engine/*``, a vLLM engine's last weight sync), after putting a vLLM
+  engine to sleep for the update.
 - One AdamW over the trainable parameters with optional linear warm-up.
 - Hyperparameters that are functions (``advantage``, ``gain_fn``) are saved as their import paths,
   so a checkpoint loads with ``torch.load(weights_only=True)`` (Lightning's default) and
@@ -135,6 +136,7 @@ class AgentModule(LightningModule):
 
     # ------------------------------------------------------------------ rollout metrics
     def on_train_epoch_start(self) -> None:
+        self.policy.sleep_engine()  # the epoch's rollouts are played: the update gets the memory
         rollouts = training_rollouts(self)
         if not rollouts:
             return
@@ -149,6 +151,7 @@ class AgentModule(LightningModule):
             "rollout/generated_tokens_per_s": generated / seconds,
             "rollout/seconds": seconds,
             "rollout/zero_signal_frac": zero_signal_fraction(rewards, groups),
+            **self.policy.engine_stats(),  # a vLLM engine's last weight sync and probe check
         }
         self.log_dict(stats, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(rollouts))
 

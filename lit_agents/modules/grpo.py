@@ -15,6 +15,7 @@ Extension points for subclasses (docs/extending.md, examples/subclasses.py): `ro
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from functools import partial
 from typing import Literal
@@ -29,10 +30,19 @@ from lit_agents.algorithms.advantages import (
     grpo_advantages,
     turn_credit,
 )
-from lit_agents.algorithms.collate import Batch, Row, sequence_mean_rows, session_rows
-from lit_agents.algorithms.losses import KLKind, LossOutput, cispo_loss, kl_loss, ppo_clip_loss
+from lit_agents.algorithms.collate import Batch, Row, batches_by_tokens, collate_rows, sequence_mean_rows, session_rows
+from lit_agents.algorithms.losses import (
+    EngineCorrection,
+    KLKind,
+    LossOutput,
+    cispo_loss,
+    engine_is_weights,
+    kl_loss,
+    ppo_clip_loss,
+)
 from lit_agents.modules.base import AgentModule, import_callable
 from lit_agents.policy import AgentPolicy
+from lit_agents.strategies import full_parameters
 from lit_agents.types import Rollout
 
 AdvantageFn = Callable[[Tensor, Tensor], Tensor]
@@ -79,6 +89,18 @@ class GRPOPolicy(AgentModule):
         weight_decay: AdamW weight decay.
         warmup_steps: linear learning-rate warm-up steps.
         lr_schedule: ``"constant"`` or ``"cosine"`` decay to 0 after warm-up.
+        engine_correction: how the loss corrects for a rollout engine whose log-probs differ from
+            the trainer's (vLLM: kernels, precision): ``"tis"`` (truncated importance sampling),
+            ``"mis"`` (masked importance sampling) or ``"none"`` (`losses.engine_is_weights`).
+            With a correction, the loss's ratio is taken against the trainer's log-probs of the
+            sampling weights and each token's advantage is weighed by the capped ratio of the
+            trainer's to the engine's probability. Applies where those log-probs are recomputed.
+        engine_cap: ``C``, the cap of ``engine_correction``.
+        recompute_logprobs: recompute the trainer's log-probs of each epoch's rollouts before the
+            update (one forward pass over the rows, no grad) and log ``diag/engine_kl``,
+            ``diag/engine_ratio_mean``/``_max`` and ``diag/engine_masked_frac``. ``None`` = where
+            the policy's engine is not the built-in one (whose log-probs are the trainer's, so
+            the correction would be a no-op).
     """
 
     def __init__(
@@ -101,8 +123,14 @@ class GRPOPolicy(AgentModule):
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
         lr_schedule: Literal["constant", "cosine"] = "constant",
+        engine_correction: EngineCorrection = "tis",
+        engine_cap: float = 2.0,
+        recompute_logprobs: bool | None = None,
     ) -> None:
         super().__init__(policy, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, lr_schedule=lr_schedule)
+        if engine_correction not in ("none", "tis", "mis") or engine_cap < 1.0:
+            raise ValueError(f"engine_correction must be 'none', 'tis' or 'mis' and engine_cap >= 1, got "
+                             f"{engine_correction!r}, {engine_cap}")
         if loss_agg not in ("token_mean", "seq_mean"):
             raise ValueError(f"loss_agg must be 'token_mean' or 'seq_mean', got {loss_agg!r}")
         self.advantage = import_callable(advantage)
@@ -188,9 +216,43 @@ class GRPOPolicy(AgentModule):
         return out
 
     def training_rows(self, rollouts: list[Rollout]) -> list[Row]:
-        """`rollouts_to_rows` weighed as ``loss_agg`` says, whichever subclass assigned the credit."""
+        """`rollouts_to_rows` weighed as ``loss_agg`` says, whichever subclass assigned the credit,
+        with the trainer's log-probs where ``recompute_logprobs`` asks for them."""
         rows = super().training_rows(rollouts)
-        return sequence_mean_rows(rows) if self.hparams.loss_agg == "seq_mean" else rows
+        rows = sequence_mean_rows(rows) if self.hparams.loss_agg == "seq_mean" else rows
+        recompute = self.hparams.recompute_logprobs
+        if recompute or (recompute is None and self.policy.engine != "builtin"):
+            self.add_trainer_logprobs(rows)
+        return rows
+
+    def add_trainer_logprobs(self, rows: list[Row]) -> list[Row]:
+        """Fill each row's `Row.trainer_logprobs`: the policy's log-probs of its tokens as it is now
+        (after the rollout, before the update), in eval mode at the sampling temperature, each row
+        under its role's adapter. Rows are changed in place and returned."""
+        policy, trainer = self.policy, self._trainer
+        budget = self.data_module.max_tokens_per_batch if self.data_module is not None else 8192
+        by_role: dict[str, list[Row]] = {}
+        for row in rows:
+            by_role.setdefault(row.role, []).append(row)
+        was_training = policy.training
+        policy.eval()
+        try:
+            with torch.no_grad(), full_parameters(trainer), (
+                    trainer.precision_plugin.forward_context() if trainer is not None else contextlib.nullcontext()):
+                for role, group in by_role.items():
+                    with policy.role(role) if role in policy.roles else contextlib.nullcontext():
+                        for batch in batches_by_tokens(group, budget):
+                            self._fill_trainer_logprobs(batch)
+        finally:
+            policy.train(was_training)
+        return rows
+
+    def _fill_trainer_logprobs(self, rows: list[Row]) -> None:
+        tensors = {k: v.to(self.device) for k, v in collate_rows(rows, self.policy.pad_id).items()}
+        logp = self.policy.batch_logprobs(tensors, self.temperature).float()
+        logp = torch.where(tensors["action_mask"], logp, torch.zeros_like(logp)).cpu()
+        for row, values in zip(rows, logp):
+            row.trainer_logprobs = values[: row.num_tokens].tolist()
 
     @staticmethod
     def _group_ids(rollouts: list[Rollout]) -> Tensor:
@@ -219,9 +281,11 @@ class GRPOPolicy(AgentModule):
         mask = t["action_mask"]
         self._health.add(entropy, t["advantages"], mask)
         normalizer = self.loss_normalizer(batch, self.hparams.normalizer)
-        out = self.policy_loss(logp, t["old_logprobs"], t["advantages"], mask, normalizer=normalizer)
+        old, advantages, engine_stats = self.engine_corrected(t)
+        out = self.policy_loss(logp, old, advantages, mask, normalizer=normalizer)
         loss = out.loss
         size = len(logp)
+        self.log_dict({f"diag/{k}": v for k, v in engine_stats.items()}, batch_size=size)
         if batch.ref_logprobs is not None:
             kl = kl_loss(logp, batch.ref_logprobs, mask, self.hparams.kl_estimator, normalizer)
             loss = loss + self.kl_coef * kl.loss
@@ -231,6 +295,20 @@ class GRPOPolicy(AgentModule):
         self.log("train/pg_loss", out.loss, batch_size=size)
         self.log_dict({f"diag/{k}": v for k, v in out.stats.items()}, batch_size=size)
         return loss
+
+    def engine_corrected(self, tensors: dict[str, Tensor]) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """The old log-probs and advantages the loss is given, and the engine-mismatch stats: with
+        the trainer's recomputed log-probs and a correction, the trainer's log-probs and the
+        advantages weighed by `losses.engine_is_weights`; else the sampler's and the advantages."""
+        old, advantages = tensors["old_logprobs"], tensors["advantages"]
+        if "trainer_logprobs" not in tensors:
+            return old, advantages, {}
+        mode = self.hparams.engine_correction
+        weights, stats = engine_is_weights(tensors["trainer_logprobs"], old, tensors["action_mask"], mode,
+                                           self.hparams.engine_cap)
+        if mode == "none":
+            return old, advantages, stats
+        return tensors["trainer_logprobs"], advantages * weights, stats
 
     def on_before_optimizer_step(self, optimizer) -> None:
         super().on_before_optimizer_step(optimizer)
