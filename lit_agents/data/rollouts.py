@@ -336,6 +336,9 @@ class RolloutDataModule(AgentDataModule):
         super().__init__(env, agent, val_tasks, val_greedy, val_chunk, seed, save_rollouts, val_split)
         self.packing, self.pack_length = packing, pack_length
         self.tasks_per_epoch = tasks_per_epoch
+        if group_size < 1 or tasks_per_epoch < 1:
+            raise ValueError(f"group_size and tasks_per_epoch must be at least 1 (attempts per task, tasks per "
+                             f"epoch), got {group_size}, {tasks_per_epoch}")
         self.group_size = group_size
         if mini_batches < 1 or update_epochs < 1:
             raise ValueError(f"mini_batches and update_epochs must be at least 1, got {mini_batches}, {update_epochs}")
@@ -395,6 +398,10 @@ class RolloutDataModule(AgentDataModule):
         rollouts = self.play_epoch(epoch)
         self.last_rollouts, self.last_rollout_seconds = rollouts, time.perf_counter() - started
         rows = module.training_rows(rollouts)
+        if not rows:
+            solved = sum(r.success for r in rollouts)
+            rank_zero_info(f"epoch {epoch}: no learning signal in {len(rollouts)} rollouts ({solved} succeeded): "
+                           "every group scored alike, so there is nothing to train on")
         record_advantages(rollouts, rows)  # the saved rollouts show what each session was trained with
         self._write(rollouts, "train")
         rng = random.Random(self.seed * 31 + epoch)
