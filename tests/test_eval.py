@@ -333,7 +333,7 @@ def test_multi2_critic_ranks_the_offline_stages_actions(tmp_path, load_benchmark
         "model": "tiny", "roles": ["executor", "planner"], "lora_r": 4,
         "tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64, "num_heads": 2, "num_kv_heads": 1}}
     config["model"]["init_args"]["head_width"] = 8
-    config["data"]["init_args"].update(path=str(tmp_path / "demos.jsonl"), val_tasks=2)
+    config["data"]["init_args"].update(path=str(tmp_path / "demos.jsonl"), generate=True, val_tasks=2)
     log_dir = tmp_path / "system2_offline" / "version_0"
     (log_dir / "checkpoints").mkdir(parents=True)
     (log_dir / "config.yaml").write_text(yaml.safe_dump(config))
