@@ -151,6 +151,14 @@ def _third_party_bars(enabled: bool) -> None:
         _bars_turned_off = False
 
 
+def _is_file(value: str) -> bool:
+    """Whether a ``-c`` value names a file (it may be a YAML or JSON string instead)."""
+    try:
+        return Path(value).is_file()
+    except (OSError, ValueError):  # too long for a file name, or a NUL in it
+        return False
+
+
 def _check_yaml(parser, path: Path) -> None:
     """A YAML syntax error in ``path`` as a parser error that names the file."""
     import yaml
@@ -213,7 +221,7 @@ class AgentsCLI(LightningCLI):
         argv = sys.argv[1:] if args is None else args
         if isinstance(argv, list):
             for flag, value in zip(argv, argv[1:]):
-                if flag in ("-c", "--config") and Path(value).is_file():
+                if flag in ("-c", "--config") and _is_file(value):
                     _check_yaml(parser, Path(value))
         super().parse_arguments(parser, args)
 
