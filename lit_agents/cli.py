@@ -364,7 +364,7 @@ def short_error(err: BaseException, max_lines: int = 8) -> str:
     lines = (str(err) or type(err).__name__).splitlines()
     if len(lines) > max_lines:
         lines = [*lines[:max_lines], f"... ({len(lines) - max_lines} more lines)"]
-    kind = "" if isinstance(err, (ValueError, RuntimeError, OSError)) else f"{type(err).__name__}: "
+    kind = "" if isinstance(err, (ValueError, RuntimeError, OSError, ImportError)) else f"{type(err).__name__}: "
     return f"error: {kind}" + "\n".join(lines) + f"\n({DEBUG_ENV}=1 for the traceback)"
 
 

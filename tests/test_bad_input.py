@@ -160,3 +160,22 @@ def test_a_group_size_that_cannot_train_fails_at_construction(tmp_path, settings
     # an advantage with a baseline of its own trains on groups of one
     AgentsCLI(args=rl_fit(tmp_path, "--data.init_args.group_size=1", "-c", str(DEBUG / "always_update.yaml"))[1:],
               run=False)
+
+
+def test_an_adapter_of_another_base_model_is_named_before_peft_loads_it(tmp_path, capsys, tiny_config):
+    """An adapter saved on a base of another width: one sentence naming both bases, for
+    `lit-agents eval --adapter` and for `merge_adapter`, instead of peft's size mismatches."""
+    from lit_agents.policy import AgentPolicy
+
+    adapter = AgentPolicy(tiny=tiny_config, lora_r=4).save_role("default", tmp_path / "wide")  # width 64
+    capsys.readouterr()
+    narrow = ["-c", str(ROOT / "quickstart_rl.yaml"), "--model.init_args.policy.init_args.model=tiny",
+              "-c", str(DEBUG / "tiny_model.yaml"), "--trainer.enable_progress_bar=false"]  # width 32
+    with pytest.raises(SystemExit):
+        main(["eval", *narrow, "--adapter", str(adapter), "--tasks", "1", "--out", str(tmp_path / "eval")])
+    err = capsys.readouterr().err
+    assert f"adapter {adapter} was trained on " in err and "but this config loads " in err
+    assert "is (4, 64) in the adapter, a 32 -> " in err and len(err.strip().splitlines()) <= 3, err
+    with pytest.raises(SystemExit):
+        main(rl_fit(tmp_path, f"--model.init_args.policy.init_args.merge_adapter={adapter}"))
+    assert f"adapter {adapter} was trained on " in capsys.readouterr().err
