@@ -32,6 +32,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lit_agents.callbacks.epoch_lines import EpochLines
 from lit_agents.checkpointing import check_resumable, find_last_checkpoint, resume_epoch, run_version
 from lit_agents.data.rollouts import AgentDataModule
 from lit_agents.modules.base import AgentModule
@@ -238,6 +239,8 @@ class AgentsCLI(LightningCLI):
         # under `checkpoint:`; adapters for deployment come from `LoRACheckpoint`
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_on_train_epoch_end": True})
+        # one line per epoch where stdout is not a terminal (a log file), configurable under `epoch_lines:`
+        parser.add_lightning_class_args(EpochLines, "epoch_lines")
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand) if self.subcommand else self.config  # run=False: no subcommand

@@ -179,3 +179,28 @@ def test_an_adapter_of_another_base_model_is_named_before_peft_loads_it(tmp_path
     with pytest.raises(SystemExit):
         main(rl_fit(tmp_path, f"--model.init_args.policy.init_args.merge_adapter={adapter}"))
     assert f"adapter {adapter} was trained on " in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- between start and end
+def test_one_line_per_epoch_where_stdout_is_not_a_terminal(tmp_path, console, monkeypatch):
+    main(rl_fit(tmp_path / "file", *UPDATES, "--trainer.max_epochs=2"))  # pytest's stdout: not a terminal
+    lines = [line for line in console if line.startswith("epoch ")]
+    assert [line.split(":")[0] for line in lines] == ["epoch 0/1", "epoch 1/1"], lines
+    assert all("rollout success 0.00, reward 0.00, loss " in line and ", val/success 0.00 (" in line for line in lines)
+    console.clear()
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)  # a terminal: Lightning's progress bar's place
+    main(rl_fit(tmp_path / "terminal", *UPDATES, "--trainer.max_epochs=2"))
+    assert not [line for line in console if line.startswith("epoch ")]
+
+
+def test_third_party_progress_bars_follow_enable_progress_bar(tmp_path, capsys):
+    """transformers' bars (loading the weights here) print only when the trainer's progress bar is on."""
+    try:
+        main(rl_fit(tmp_path / "off"))  # short.yaml: enable_progress_bar: false
+        assert "Loading weights" not in capsys.readouterr().err
+        main(rl_fit(tmp_path / "on", "--trainer.enable_progress_bar=true"))
+        assert "Loading weights" in capsys.readouterr().err
+    finally:
+        from lit_agents.cli import _third_party_bars
+
+        _third_party_bars(True)

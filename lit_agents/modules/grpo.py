@@ -125,8 +125,8 @@ class GRPOPolicy(AgentModule):
         `rollout_advantages` not overridden, no ``turn_credit``), a group of one rollout has no
         other to compare with."""
         super().connect_data(data)
-        reason = self._why_groups_of_one_cannot_train()
-        if getattr(data, "group_size", 2) == 1 and reason:
+        reason = self._why_groups_of_one_cannot_train() if getattr(data, "group_size", None) == 1 else None
+        if reason:
             raise ValueError(f"data.init_args.group_size: 1 cannot train {type(self).__name__}: {reason}; "
                              "set group_size to 2 or more")
 
