@@ -26,7 +26,8 @@ class EpochLines(Callback):
     """One line per training epoch.
 
     Args:
-        when: ``"auto"``: when stdout is not a terminal; ``"always"``; ``"never"``.
+        when: ``"auto"``: unless stdout and stderr are both terminals (where Lightning's progress
+            bar is watched); ``"always"``; ``"never"``.
     """
 
     def __init__(self, when: Literal["auto", "always", "never"] = "auto") -> None:
@@ -41,7 +42,7 @@ class EpochLines(Callback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         now, seconds = time.perf_counter(), time.perf_counter() - self._since
         self._since = now
-        if self.when == "never" or (self.when == "auto" and sys.stdout.isatty()):
+        if self.when == "never" or (self.when == "auto" and sys.stdout.isatty() and sys.stderr.isatty()):
             return
         rank_zero_info(epoch_line(trainer, pl_module, seconds))
 

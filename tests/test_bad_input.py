@@ -182,13 +182,14 @@ def test_an_adapter_of_another_base_model_is_named_before_peft_loads_it(tmp_path
 
 
 # ----------------------------------------------------------------------------- between start and end
-def test_one_line_per_epoch_where_stdout_is_not_a_terminal(tmp_path, console, monkeypatch):
+def test_one_line_per_epoch_where_the_output_is_not_a_terminal(tmp_path, console, monkeypatch):
     main(rl_fit(tmp_path / "file", *UPDATES, "--trainer.max_epochs=2"))  # pytest's stdout: not a terminal
     lines = [line for line in console if line.startswith("epoch ")]
     assert [line.split(":")[0] for line in lines] == ["epoch 0/1", "epoch 1/1"], lines
     assert all("rollout success 0.00, reward 0.00, loss " in line and ", val/success 0.00 (" in line for line in lines)
     console.clear()
     monkeypatch.setattr("sys.stdout.isatty", lambda: True)  # a terminal: Lightning's progress bar's place
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
     main(rl_fit(tmp_path / "terminal", *UPDATES, "--trainer.max_epochs=2"))
     assert not [line for line in console if line.startswith("epoch ")]
 
