@@ -131,9 +131,11 @@ class GRPOPolicy(AgentModule):
                              "set group_size to 2 or more")
 
     def _why_groups_of_one_cannot_train(self) -> str | None:
-        hp, mine = self.hparams, type(self)
-        if hp.turn_credit or mine.rollouts_to_rows is not GRPOPolicy.rollouts_to_rows or \
-                mine.rollout_advantages is not GRPOPolicy.rollout_advantages:
+        hp = self.hparams
+        # GRPO's own credit: neither method overridden by a subclass nor replaced on the instance
+        own = all(getattr(getattr(self, name), "__func__", None) is getattr(GRPOPolicy, name)
+                  for name in ("rollouts_to_rows", "rollout_advantages"))
+        if hp.turn_credit or not own:
             return None
         if hp.drop_zero_signal:
             return "a group of one always scores alike, so drop_zero_signal drops every group"
