@@ -26,11 +26,12 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 __all__ = ["AtomicCheckpointIO", "CheckpointError", "CheckpointMismatchError", "CorruptCheckpointError",
-           "check_resumable", "check_trainable_tensors", "find_last_checkpoint"]
+           "check_resumable", "check_trainable_tensors", "find_last_checkpoint", "read_checkpoint", "resume_epoch",
+           "run_version"]
 
 
 class CheckpointError(Exception):
-    """A checkpoint that cannot be resumed from (the command line prints its message alone)."""
+    """A checkpoint that cannot be resumed from."""
 
 
 class CorruptCheckpointError(CheckpointError, RuntimeError):

@@ -251,7 +251,10 @@ class AgentsCLI(LightningCLI):
         self._keep_fp32_on_the_cpu(config)
         _third_party_bars((config.get("trainer") or {}).get("enable_progress_bar", True) is not False)
         if self.subcommand == "fit" and config.get("ckpt_path") and not config["checkpoint"].get("dirpath"):
-            self._resume_last_run(config) if config["ckpt_path"] == "last" else self._resume_in_its_folder(config)
+            if config["ckpt_path"] == "last":
+                self._resume_last_run(config)
+            else:
+                self._resume_in_its_folder(config)
         if self.subcommand in ("fit", None) and config.get("ckpt_path") is None:
             self._refuse_an_earlier_runs_folder(config)
 

@@ -139,8 +139,10 @@ class GRPOPolicy(AgentModule):
             return None
         if hp.drop_zero_signal:
             return "a group of one always scores alike, so drop_zero_signal drops every group"
-        probe = self.advantage(torch.tensor([1.0, 0.0]), torch.tensor([0, 1]))
-        if not hp.error_baseline and not probe.abs().sum() > 0:
+        if hp.error_baseline:  # the turns after a failed action are credited against the batch
+            return None
+        probe = self.advantage(torch.tensor([1.0, 0.0]), torch.tensor([0, 1]))  # two groups of one
+        if not probe.abs().sum() > 0:
             return f"its advantage ({hp.advantage}) compares each rollout with the others of its group"
         return None
 
