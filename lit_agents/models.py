@@ -18,6 +18,7 @@ a second; a GGUF combined with a bitsandbytes ``quantization_config`` goes throu
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -159,6 +160,43 @@ def resolve_model(name_or_path: str | os.PathLike) -> ModelSource:
     )
 
 
+# ----------------------------------------------------------------------------------- the hub
+HUB_PROBE_SECONDS = 3.0
+
+
+@functools.cache
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub answers (one HEAD request to its endpoint through
+    huggingface_hub's own session, proxies included, within `HUB_PROBE_SECONDS`); False under
+    ``HF_HUB_OFFLINE=1``. Asked once per process."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    try:
+        get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_SECONDS)
+    except Exception:
+        return False
+    return True
+
+
+def _offline_hub_kwargs(source: ModelSource) -> dict[str, Any]:
+    """``from_pretrained`` keywords for a hub id where the hub cannot be reached: the local cache
+    only (``local_files_only``), at once, instead of transformers' retries (about a minute); a
+    hub id missing from the cache is an error naming what to do."""
+    if Path(source.path).exists() or hub_reachable():
+        return {}
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(source.path, source.gguf_file or "config.json"), str):
+        raise FileNotFoundError(
+            f"model {source.path!r} is a hub id that is not in the local Hugging Face cache, and the hub cannot be "
+            "reached (offline, or HF_HUB_OFFLINE=1): download it where there is a network (`hf download "
+            f"{source.path}`), or name a local folder")
+    return {"local_files_only": True}
+
+
 # ----------------------------------------------------------------------------------- loading
 def cache_root() -> Path:
     """Where built and converted models are cached: ``$LIT_AGENTS_CACHE``, else
@@ -261,8 +299,10 @@ def load_pretrained(
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
 
+    offline = _offline_hub_kwargs(source)
+    kwargs.update(offline)
     start = time.perf_counter()
-    tok_kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    tok_kwargs = {"gguf_file": source.gguf_file, **offline} if source.gguf_file else dict(offline)
     tokenizer = AutoTokenizer.from_pretrained(source.path, **tok_kwargs)
     model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
     log.info("loaded %s%s in %.1fs", source.path, f" ({source.gguf_file})" if source.gguf_file else "",

@@ -159,6 +159,50 @@ def role_folders(folder: str | Path) -> dict[str, Path]:
     return {d.name: d for d in sorted(Path(folder).glob("*")) if (d / "adapter_config.json").exists()}
 
 
+def _layer_shape(layer: nn.Module) -> tuple[int, int] | None:
+    """(in, out) features of a layer LoRA adapts: a linear layer, or GPT-2's Conv1D."""
+    layer = layer.get_base_layer() if hasattr(layer, "get_base_layer") else layer
+    if isinstance(layer, nn.Linear):
+        return layer.in_features, layer.out_features
+    weight = getattr(layer, "weight", None)
+    if type(layer).__name__ == "Conv1D" and weight is not None:
+        return int(weight.shape[0]), int(weight.shape[1])
+    return None
+
+
+def check_adapter_fits(model: nn.Module, folder: str | Path) -> None:
+    """Raise a ValueError naming both models unless every LoRA matrix saved in ``folder`` (peft's
+    ``adapter_model.safetensors``) fits the layer of ``model`` it adapts: an adapter trained on
+    another base would otherwise fail inside peft with one size mismatch per matrix."""
+    import json
+
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    weights = folder / "adapter_model.safetensors"
+    if not weights.is_file():
+        return
+    trained_on = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    here = getattr(getattr(base, "config", None), "_name_or_path", "") or type(base).__name__
+    with safe_open(str(weights), "pt") as f:
+        for key in f.keys():
+            path, _, kind = key.partition(".lora_")
+            if kind not in ("A.weight", "B.weight"):
+                continue
+            shape = f.get_slice(key).get_shape()
+            try:
+                features = _layer_shape(base.get_submodule(path.removeprefix("base_model.model.")))
+            except AttributeError:
+                features = None
+            a_matrix = kind == "A.weight"  # A is [r, in], B is [out, r]
+            if features is not None and (shape[1] if a_matrix else shape[0]) == features[0 if a_matrix else 1]:
+                continue
+            layer = "no such layer" if features is None else f"a {features[0]} -> {features[1]} layer"
+            raise ValueError(f"adapter {folder} was trained on {trained_on!r}, but this config loads {here!r}: "
+                             f"{key} is {tuple(shape)} in the adapter, {layer} here")
+
+
 def _merged(base: nn.Module, adapter: str, load_in_4bit: bool) -> nn.Module:
     """``base`` with the saved peft ``adapter`` folded into its weights (`AgentPolicy(merge_adapter)`)."""
     with _quiet_peft_and_bnb():
@@ -173,6 +217,7 @@ def _merged(base: nn.Module, adapter: str, load_in_4bit: bool) -> nn.Module:
         roles = list(role_folders(folder))
         hint = f"; it holds the role folders {roles}: name one, e.g. {folder / roles[0]}" if roles else ""
         raise FileNotFoundError(f"merge_adapter: no peft adapter at {folder} (adapter_config.json missing){hint}")
+    check_adapter_fits(base, folder)
     with _quiet_peft_and_bnb():
         return PeftModel.from_pretrained(base, str(folder)).merge_and_unload()
 
@@ -377,6 +422,7 @@ class AgentPolicy(nn.Module):
         path = str(path)
         if not (Path(path) / "adapter_config.json").exists():
             raise FileNotFoundError(f"no peft adapter at {path} (adapter_config.json missing)")
+        check_adapter_fits(self.model, path)
         was_active = role == self.active_role
         if role in self._roles:
             self.model.delete_adapter(role)

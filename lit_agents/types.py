@@ -10,6 +10,7 @@ into one training row, training on exactly the token ids that were sampled.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -48,6 +49,14 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+def _expect(d: Any, key: str, kind: type, where: str = "") -> None:
+    """Raise a ValueError naming ``key`` unless ``d[key]`` is a ``kind``."""
+    if not isinstance(d, dict) or key not in d:
+        raise ValueError(f"{where}no {key!r}")
+    if not isinstance(d[key], kind):
+        raise ValueError(f"{where}{key!r} must be a {kind.__name__}, got {json.dumps(d[key])[:60]}")
+
+
 @dataclass
 class Episode:
     """One played episode in text: the first observation, then (action, result) per step.
@@ -79,6 +88,11 @@ class Episode:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Episode:
         try:
+            _expect(d, "observation", str)
+            _expect(d, "steps", list)
+            for i, step in enumerate(d["steps"]):
+                for key, kind in (("action", str), ("observation", str)):
+                    _expect(step, key, kind, f"step {i}: ")
             steps = [
                 (s["action"], StepResult(s["observation"], float(s.get("reward", 0.0)), bool(s.get("done", False)),
                                          bool(s.get("success", False))))

@@ -19,6 +19,7 @@ import html
 import json
 import math
 import re
+import sys
 from collections.abc import Sequence
 from importlib.resources import files
 from pathlib import Path
@@ -102,12 +103,15 @@ def node_label(session: Session) -> tuple[str, str]:
     return f"#{session.session_id} {session.kind}", " · ".join(parts)
 
 
-def read_rollouts(paths: Sequence[str | Path], limit: int | None = None) -> list[tuple[str, Rollout]]:
+def read_rollouts(paths: Sequence[str | Path], limit: int | None = None,
+                  skipped: list[str] | None = None) -> list[tuple[str, Rollout]]:
     """Rollouts from JSONL files (one ``Rollout.to_dict()`` per line), with ``file:line`` of each.
 
     Args:
         paths: the files, read in order.
         limit: stop after this many rollouts (``None``: all).
+        skipped: where given, a line that is not a saved rollout (a run killed mid-write leaves
+            half a line) is skipped and its ``file:line: reason`` appended here; else it raises.
 
     Returns:
         ``(source, rollout)`` pairs.
@@ -123,7 +127,10 @@ def read_rollouts(paths: Sequence[str | Path], limit: int | None = None) -> list
                 try:
                     rollout = Rollout.from_dict(json.loads(line))
                 except (ValueError, TypeError, KeyError) as error:
-                    raise ValueError(f"{path}:{number}: not a saved rollout ({error})") from error
+                    if skipped is None:
+                        raise ValueError(f"{path}:{number}: not a saved rollout ({error})") from error
+                    skipped.append(f"{path}:{number}: not a saved rollout ({error})")
+                    continue
                 out.append((f"{path.name}:{number}", rollout))
     return out
 
@@ -202,13 +209,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("paths", nargs="+", help="rollout JSONL files or folders of them (<log_dir>/rollouts)")
     parser.add_argument("--out", help="the HTML file (default: the first file's name with .html)")
     parser.add_argument("--limit", type=int, default=None, help="show the first N rollouts only")
+    parser.add_argument("--strict", action="store_true", help="stop at a line that is not a saved rollout "
+                                                               "(default: skip it and say how many were skipped)")
     args = parser.parse_args(argv)
     # a folder stands for its JSONL files (e.g. <log_dir>/rollouts)
     paths = [f for p in map(Path, args.paths) for f in (sorted(p.glob("*.jsonl")) if p.is_dir() else [p])]
     if not paths:
         parser.error(f"no .jsonl files in {' '.join(args.paths)}")
     args.paths = [str(p) for p in paths]
-    pairs = read_rollouts(args.paths, args.limit)
+    skipped: list[str] = []
+    try:
+        pairs = read_rollouts(args.paths, args.limit, None if args.strict else skipped)
+    except ValueError as error:
+        parser.error(f"{error} (without --strict such lines are skipped)")
+    if skipped:
+        print(f"skipped {len(skipped)} line(s) that are not saved rollouts, e.g. {skipped[0]}", file=sys.stderr)
+    if not pairs:
+        parser.error(f"no rollouts in {' '.join(args.paths)}")
     out = Path(args.out) if args.out else Path(args.paths[0]).with_suffix(".html")
     title = Path(args.paths[0]).name + (f" (+{len(args.paths) - 1} files)" if len(args.paths) > 1 else "")
     out.parent.mkdir(parents=True, exist_ok=True)

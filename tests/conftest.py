@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import sys
 from pathlib import Path
@@ -100,3 +101,23 @@ def load_benchmark(monkeypatch):
 def load_research(monkeypatch):
     """``load_research(name)``: the research probe ``research/<name>.py`` as a module."""
     return _script_loader(monkeypatch, Path(__file__).parents[1] / "research")
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture()
+def console():
+    """The lines Lightning's console logger prints during the test (``rank_zero_info``/``warn``:
+    Lightning's own and the library's), as a list that fills."""
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    handler = _Lines()
+    logger.addHandler(handler)
+    yield handler.lines
+    logger.removeHandler(handler)

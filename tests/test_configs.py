@@ -200,31 +200,16 @@ def test_the_wheel_packages_every_config_folder():
     assert setup["package-dir"]["lit_agents.configs"] == "configs" and "*.yaml" in setup["package-data"]["*"]
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-def test_a_short_fit_shows_no_third_party_noise(tmp_path, recwarn):
+def test_a_short_fit_shows_no_third_party_noise(tmp_path, recwarn, console):
     """The warnings and the advertisement every run printed, which say nothing about the run, are
     gone; Lightning's own console lines still show."""
-    console = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    records = _Records()
-    console.addHandler(records)
-    try:
-        cli = AgentsCLI(args=_short(ROOT / "quickstart_rl.yaml", tmp_path), run=False)
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    finally:
-        console.removeHandler(records)
+    cli = AgentsCLI(args=_short(ROOT / "quickstart_rl.yaml", tmp_path), run=False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     warned = [str(w.message) for w in recwarn]
     for noise in ("is_gradient_checkpointing", "isinstance(treespec, LeafSpec)", "`IterableDataset` has `__len__`"):
         assert not any(noise in message for message in warned), noise
-    assert not any("litlogger" in message for message in records.messages)
-    assert any("`Trainer.fit` stopped" in message for message in records.messages)
+    assert not any("litlogger" in message for message in console)
+    assert any("`Trainer.fit` stopped" in message for message in console)
 
 
 def test_the_bitsandbytes_cpu_kernel_notice_is_dropped_around_peft_only(caplog):

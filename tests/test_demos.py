@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +71,75 @@ def test_system_prompt_none_uses_the_env_instructions_and_empty_omits_it(tiny_co
     assert textcraft.instructions not in policy.tokenizer.decode(without.sessions[0].calls[0].prompt_ids)
     custom = ReActAgent(system_prompt="Be brief.").expert_rollout(policy, textcraft, task)
     assert "Be brief." in policy.tokenizer.decode(custom.sessions[0].calls[0].prompt_ids)
+
+
+# ----------------------------------------------------------------------------- checked before training
+CONFIGS = Path(__file__).parents[1] / "configs"
+
+
+def sft_fit(tmp_path: Path, *extra: str) -> list[str]:
+    """`lit-agents fit` arguments of the quick start's SFT stage on the toy model, in seconds."""
+    debug = CONFIGS / "debug"
+    return ["fit", "-c", str(CONFIGS / "quickstart.yaml"), "-c", str(debug / "short.yaml"),
+            "-c", str(debug / "short_demos.yaml"), "-c", str(debug / "tiny_model.yaml"),
+            f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}", *extra]
+
+
+def test_a_missing_demonstrations_path_is_an_error_unless_generation_is_asked_for(tmp_path, capsys, caplog):
+    typo = tmp_path / "demoss.jsonl"
+    with pytest.raises(SystemExit):
+        main(sft_fit(tmp_path, f"--data.init_args.path={typo}"))
+    assert f"demonstrations {typo} do not exist" in capsys.readouterr().err and not typo.exists()
+    with caplog.at_level(logging.INFO):
+        main(sft_fit(tmp_path, f"--data.init_args.path={typo}", "--data.init_args.generate=true"))
+    assert len(read_episodes(typo)) == 4 and f"wrote 4 expert demonstrations to {typo}" in caplog.text
+
+
+def _demos(tmp_path: Path, name: str = "demos.jsonl", *extra: str) -> Path:
+    out = tmp_path / name
+    main(["demos", "-c", str(CONFIGS / "quickstart.yaml"), "--limit", "4", "--out", str(out), *extra])
+    return out
+
+
+def test_an_empty_demonstrations_file_is_an_error(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(SystemExit):
+        main(sft_fit(tmp_path, f"--data.init_args.path={empty}"))
+    assert f"demonstrations {empty} hold no episodes" in capsys.readouterr().err
+    assert not list(tmp_path.glob("quickstart_sft/*/adapters"))  # no untrained model saved as trained
+
+
+def test_demonstrations_of_another_env_are_refused_unless_check_env_is_off(tmp_path, capsys):
+    demos = _demos(tmp_path)
+    lines = [json.loads(line) for line in demos.read_text().splitlines()]
+    demos.write_text("".join(json.dumps({**d, "env": "lit_agents.envs.textcraft_synth.TextCraftSynth"}) + "\n"
+                             for d in lines))
+    with pytest.raises(SystemExit):
+        main(sft_fit(tmp_path, f"--data.init_args.path={demos}"))
+    err = capsys.readouterr().err
+    assert "recorded in lit_agents.envs.textcraft_synth.TextCraftSynth" in err and "check_env: false" in err
+    main(sft_fit(tmp_path, f"--data.init_args.path={demos}", "--data.init_args.check_env=false"))
+    assert list(tmp_path.glob("quickstart_sft/*/adapters/last/model"))
+
+
+def test_a_demonstration_field_of_the_wrong_type_names_its_file_and_line(tmp_path, capsys):
+    demos = _demos(tmp_path)
+    lines = demos.read_text().splitlines()
+    bad = json.loads(lines[2])
+    bad["steps"][1]["action"] = None
+    demos.write_text("\n".join([*lines[:2], json.dumps(bad), *lines[3:]]) + "\n")
+    with pytest.raises(SystemExit):
+        main(sft_fit(tmp_path, f"--data.init_args.path={demos}"))
+    assert f"{demos}:3: step 1: 'action' must be a str, got null" in capsys.readouterr().err
+
+
+def test_demos_refuses_to_overwrite_a_file_without_force(tmp_path, capsys):
+    out = tmp_path / "mine.jsonl"
+    out.write_text("my own episodes\n")
+    with pytest.raises(SystemExit):
+        _demos(tmp_path, "mine.jsonl")
+    assert "mine.jsonl exists: pass --force" in capsys.readouterr().err
+    assert out.read_text() == "my own episodes\n"
+    _demos(tmp_path, "mine.jsonl", "--force")
+    assert len(read_episodes(out)) == 4

@@ -125,6 +125,28 @@ def test_a_saved_adapter_is_loaded_and_used(tmp_path):
     assert _completions(report.out / "rollouts.jsonl") != _completions(baseline.out / "rollouts.jsonl")
 
 
+def test_results_are_never_overwritten_silently(tmp_path, capsys):
+    """The default folder of an adapter's results is versioned (``last-test``, ``last-test-v1``);
+    an ``--out`` that holds files is refused unless ``--overwrite``."""
+    config, overrides = CONFIGS / "quickstart_rl.yaml", [*TINY, *SHORT]
+    checkpoint = LoRACheckpoint().save(evaluate.build([config], overrides).model, tmp_path / "adapters" / "last")
+    args = ["eval", "-c", str(config), *overrides, "--tasks", "2", "--adapter", str(checkpoint)]
+    cli_main(args)
+    first = (tmp_path / "eval" / "last-test" / "results.csv").read_bytes()
+    (tmp_path / "eval" / "last-test" / "notes.txt").write_text("mine")
+    cli_main(args)
+    assert "written to " + str(tmp_path / "eval" / "last-test-v1") in capsys.readouterr().out
+    assert (tmp_path / "eval" / "last-test" / "results.csv").read_bytes() == first
+    assert (tmp_path / "eval" / "last-test-v1" / "results.csv").exists()
+
+    with pytest.raises(SystemExit):
+        cli_main([*args, "--out", str(tmp_path / "eval" / "last-test")])
+    assert "holds files already: pass --overwrite" in capsys.readouterr().err
+    assert (tmp_path / "eval" / "last-test" / "results.csv").read_bytes() == first
+    cli_main([*args, "--out", str(tmp_path / "eval" / "last-test"), "--overwrite"])
+    assert (tmp_path / "eval" / "last-test" / "notes.txt").read_text() == "mine"
+
+
 def test_every_role_of_a_checkpoint_is_loaded(tmp_path):
     """Multi2's planner and executor: one folder per role, the config's active role kept."""
     config, overrides = [CONFIGS / "multi2" / "system1_sft.yaml"], TINY
@@ -333,7 +355,7 @@ def test_multi2_critic_ranks_the_offline_stages_actions(tmp_path, load_research)
         "model": "tiny", "roles": ["executor", "planner"], "lora_r": 4,
         "tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64, "num_heads": 2, "num_kv_heads": 1}}
     config["model"]["init_args"]["head_width"] = 8
-    config["data"]["init_args"].update(path=str(tmp_path / "demos.jsonl"), val_tasks=2)
+    config["data"]["init_args"].update(path=str(tmp_path / "demos.jsonl"), generate=True, val_tasks=2)
     log_dir = tmp_path / "system2_offline" / "version_0"
     (log_dir / "checkpoints").mkdir(parents=True)
     (log_dir / "config.yaml").write_text(yaml.safe_dump(config))

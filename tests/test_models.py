@@ -104,6 +104,31 @@ def test_hub_ids_pass_through():
     assert (gguf.path, gguf.gguf_file) == ("bartowski/SmolLM2-135M-Instruct-GGUF", "SmolLM2-135M-Instruct-Q8_0.gguf")
 
 
+def test_a_hub_id_without_the_hub_fails_at_once_unless_cached(monkeypatch):
+    """Offline, transformers retries a hub id for about a minute before it gives up; the library
+    asks the hub once (a 3 s probe, or none under HF_HUB_OFFLINE=1) and reads the local cache only."""
+    import time
+
+    from huggingface_hub import constants
+
+    from lit_agents import models
+    from lit_agents.models import hub_reachable, load_pretrained
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hub_reachable.cache_clear()
+    assert hub_reachable() is False  # no request under HF_HUB_OFFLINE=1
+    hub_reachable.cache_clear()
+    monkeypatch.setattr(models, "hub_reachable", lambda: False)
+    started = time.perf_counter()
+    with pytest.raises(FileNotFoundError, match="not in the local Hugging Face cache, and the hub cannot be reached"):
+        load_pretrained("no-such-org/no-such-model")
+    assert time.perf_counter() - started < 5
+    import huggingface_hub  # a cached hub id: read from the cache, no request
+
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: f"/cache/{repo}/{name}")
+    assert models._offline_hub_kwargs(ModelSource("org/cached")) == {"local_files_only": True}
+
+
 @pytest.mark.parametrize("name", ["smolm2-135m", "gpt2", "not a model", "a b/c"])
 def test_unknown_names_list_the_known_ones(name):
     with pytest.raises(ValueError, match="smollm2-135m"):

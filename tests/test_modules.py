@@ -242,7 +242,7 @@ def test_empty_learning_signal_keeps_fitting(tiny_config, textcraft, tmp_path):
 def test_demonstrations_round_trip_through_jsonl(tiny_config, textcraft, tmp_path):
     policy = AgentPolicy(tiny=tiny_config, finetune="full")
     path = tmp_path / "demos.jsonl"
-    first = DemonstrationDataModule(textcraft, demos=3, val_tasks=0, path=str(path))
+    first = DemonstrationDataModule(textcraft, demos=3, val_tasks=0, path=str(path), generate=True)
     _trainer(tmp_path).fit(System1SFT(policy), datamodule=first)
     assert len(path.read_text().splitlines()) == 3
     again = DemonstrationDataModule(textcraft, demos=99, val_tasks=0, path=str(path))  # read, not regenerated
@@ -426,7 +426,7 @@ def test_rollout_chunk_bounds_the_episodes_played_at_once(tiny_config, textcraft
 
 def test_renamed_share_of_demonstrations(tiny_config, textcraft, tmp_path):
     path = tmp_path / "demos.jsonl"
-    data = DemonstrationDataModule(textcraft, demos=8, val_tasks=0, path=str(path), renamed=0.5)
+    data = DemonstrationDataModule(textcraft, demos=8, val_tasks=0, path=str(path), renamed=0.5, generate=True)
     _trainer(tmp_path).fit(System1SFT(AgentPolicy(tiny=tiny_config, finetune="full")), datamodule=data)
     tasks = [json.loads(line)["task"] for line in path.read_text().splitlines()]
     assert sum("renamed_from" in t["meta"] for t in tasks) == 4  # half, recorded with their names

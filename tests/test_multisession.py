@@ -176,7 +176,8 @@ def test_multisession_demonstrations_train_through_sft(policy, textcraft, tmp_pa
     from lit_agents.modules import System1SFT
 
     agent = MultiSessionAgent(compaction=True, context_budget=120, forking=True, max_new_tokens=24)
-    data = DemonstrationDataModule(textcraft, agent, demos=4, val_tasks=0, path=str(tmp_path / "demos.jsonl"))
+    data = DemonstrationDataModule(textcraft, agent, demos=4, val_tasks=0, path=str(tmp_path / "demos.jsonl"),
+                                   generate=True)
     module = System1SFT(AgentPolicy(tiny=tiny_config, lora_r=4), lr=1e-3)
     Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
             enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path).fit(module, datamodule=data)

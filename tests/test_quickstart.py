@@ -63,6 +63,21 @@ def test_quickstart_short(tmp_path, capsys, monkeypatch):
     assert sources[0].startswith("val-") and sources[-1].startswith("train-")
 
 
+def test_quickstart_refuses_an_out_folder_that_holds_an_earlier_run(tmp_path, capsys):
+    """A second quick start into the same --out would replace the SFT model under the first run's
+    RL adapters: refused before anything is written."""
+    from lit_agents.cli import main as cli_main
+
+    (tmp_path / "sft_model").mkdir()
+    (tmp_path / "sft_model" / "config.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        cli_main(["quickstart", "--config-dir", str(CONFIGS), "--out", str(tmp_path), "--untrained-tasks", "1",
+                  "--sft", *SHORT, *TINY, "data.init_args.demos=4", "--rl", *SHORT, "data.init_args.tasks_per_epoch=1",
+                  "data.init_args.group_size=2"])
+    assert "holds an earlier quick start" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.rglob("*")] == ["sft_model", "config.json"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("LIT_AGENTS_SLOW") != "1", reason="full quick start: set LIT_AGENTS_SLOW=1")
 def test_quickstart_full_learns(tmp_path):

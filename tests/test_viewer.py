@@ -272,3 +272,25 @@ def test_page_shows_no_null_for_a_session_without_goal_text(tmp_path):
         dom = _chromium(page.as_uri() + f"#r=0&s={session}", tmp_path, "--dump-dom").stdout
         shown = re.sub(r"<script.*?</script>", "", dom, flags=re.S)  # the page's data holds JSON nulls
         assert f"Session #{session}" in shown and "null" not in shown
+
+
+def test_view_skips_bad_lines_with_a_count_and_refuses_an_empty_input(tmp_path, capsys):
+    """A run killed mid-write leaves half a line: the page shows the rest and says how many lines
+    were skipped (``--strict`` stops at it); an input without rollouts is an error, not an empty page."""
+    path = tmp_path / "train-epoch0003-rank0.jsonl"
+    good = json.dumps(_tree().to_dict())
+    path.write_text(f"{good}\n{{\"not\": \"a rollout\"}}\n{good}\n{good[: len(good) // 2]}")
+    cli(["view", str(path), "--out", str(tmp_path / "page.html")])
+    captured = capsys.readouterr()
+    assert captured.out.strip() == str(tmp_path / "page.html")
+    assert f"skipped 2 line(s) that are not saved rollouts, e.g. {path}:2" in captured.err
+    assert len(_page_data((tmp_path / "page.html").read_text())["rollouts"]) == 2
+    with pytest.raises(SystemExit):
+        cli(["view", str(path), "--strict", "--out", str(tmp_path / "strict.html")])
+    assert f"{path}:2: not a saved rollout" in capsys.readouterr().err and not (tmp_path / "strict.html").exists()
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(SystemExit):
+        cli(["view", str(empty)])
+    assert f"no rollouts in {empty}" in capsys.readouterr().err and not (tmp_path / "empty.html").exists()

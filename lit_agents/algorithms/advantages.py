@@ -45,6 +45,7 @@ __all__ = [
     "group_has_signal",
     "zero_signal_fraction",
     "broadcast_advantages",
+    "spread_advantages",
     "session_aware_advantages",
     "session_shaping",
     "SESSION_KINDS",
@@ -275,6 +276,13 @@ def broadcast_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
     """Broadcasting (Mosaic's baseline): the rollout's GRPO advantage, to be copied unchanged to
     every session of the rollout. ``[N]`` rollouts -> ``[N]``."""
     return grpo_advantages(rewards, group_ids)
+
+
+def spread_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """-1 to 1 evenly over the rollouts, whatever their rewards: for smoke tests only
+    (``configs/debug/always_update.yaml``), where an untrained model scores 0 everywhere and
+    GRPO would never update; it teaches nothing. ``[N]`` rollouts -> ``[N]``."""
+    return torch.linspace(-1.0, 1.0, len(rewards), dtype=_out_dtype(rewards))
 
 
 def _average_ranks(keys: Tensor) -> Tensor:

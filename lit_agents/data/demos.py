@@ -65,7 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", type=Split, default="train")
     parser.add_argument("--limit", type=int | None, default=None, help="first N tasks of the split")
     parser.add_argument("--out", type=str, required=True)
+    parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     cfg = parser.parse_args(_env_from_training_config(argv))
+    if Path(cfg.out).exists() and not cfg.force:
+        parser.error(f"{cfg.out} exists: pass --force to overwrite it, or another --out")
     env = parser.instantiate_classes(cfg).env
     tasks = env.tasks(cfg.split)[: cfg.limit]
     episodes = list(expert_episodes(env, tasks))

@@ -350,6 +350,9 @@ class RolloutDataModule(AgentDataModule):
         super().__init__(env, agent, val_tasks, val_greedy, val_chunk, seed, save_rollouts, val_split)
         self.packing, self.pack_length = packing, pack_length
         self.tasks_per_epoch = tasks_per_epoch
+        if group_size < 1 or tasks_per_epoch < 1:
+            raise ValueError(f"group_size and tasks_per_epoch must be at least 1 (attempts per task, tasks per "
+                             f"epoch), got {group_size}, {tasks_per_epoch}")
         self.group_size = group_size
         if mini_batches < 1 or update_epochs < 1:
             raise ValueError(f"mini_batches and update_epochs must be at least 1, got {mini_batches}, {update_epochs}")
@@ -409,6 +412,10 @@ class RolloutDataModule(AgentDataModule):
         rollouts = self.play_epoch(epoch)
         self.last_rollouts, self.last_rollout_seconds = rollouts, time.perf_counter() - started
         rows = module.training_rows(rollouts)
+        if not rows:
+            solved = sum(r.success for r in rollouts)
+            rank_zero_info(f"epoch {epoch}: no learning signal in {len(rollouts)} rollouts ({solved} succeeded): "
+                           "every group scored alike, so there is nothing to train on")
         record_advantages(rollouts, rows)  # the saved rollouts show what each session was trained with
         self._write(rollouts, "train")
         rng = random.Random(self.seed * 31 + epoch)
@@ -434,8 +441,12 @@ class DemonstrationDataModule(AgentDataModule):
             ``None`` = one per train task.
         max_tokens_per_batch: token budget of one batch (see `RolloutDataModule`).
         path: a JSONL file of text episodes (`lit_agents.data.demos`, as ``lit-agents demos``
-            writes): read from it when it exists, written to it after generating otherwise.
-            Bring your own demonstrations here.
+            writes). Bring your own demonstrations here. A missing file is an error unless
+            ``generate``; an empty one always is. ``None``: the expert's, generated each fit.
+        generate: with ``path``, generate the expert's demonstrations and write them there when
+            the file does not exist (one line says where).
+        check_env: refuse demonstrations recorded in another env than ``env`` (each line's
+            ``env``, which ``lit-agents demos`` writes); ``False`` trains on them anyway.
         val_tasks, val_greedy, val_chunk, seed, val_split: see `AgentDataModule`.
         noisy: fraction of the demonstrations played by an epsilon-noisy expert (agents with an
             ``expert_episode(env, task, epsilon, seed)``, e.g. `HierarchicalAgent`): offline RL
@@ -473,8 +484,14 @@ class DemonstrationDataModule(AgentDataModule):
         renamed: float = 0.0,
         behavior_episodes: int = 0,
         behavior_chunk: int = 64,
+        generate: bool = False,
+        check_env: bool = True,
     ) -> None:
         super().__init__(env, agent, val_tasks, val_greedy, val_chunk, seed, val_split=val_split)
+        if path is not None and not generate and not Path(path).exists():
+            raise FileNotFoundError(f"demonstrations {path} do not exist: fix data.init_args.path, or set "
+                                    "data.init_args.generate: true to write the expert's there")
+        self.generate, self.check_env = generate, check_env
         if behavior_episodes < 0 or behavior_chunk < 1:
             raise ValueError(f"behavior_episodes must be >= 0 and behavior_chunk >= 1, got {behavior_episodes}, "
                              f"{behavior_chunk}")
@@ -506,8 +523,8 @@ class DemonstrationDataModule(AgentDataModule):
 
     def demonstrations(self) -> list[Rollout]:
         """Expert rollouts tokenized for the policy, from ``path`` when it exists."""
-        if self.path and Path(self.path).exists():
-            episodes = read_episodes(self.path)
+        if self.path and (Path(self.path).exists() or not self.generate):
+            episodes = self._read_demonstrations(Path(self.path))
         else:
             episodes = self._expert_episodes(self.demo_tasks())
             failed = [e.task.task_id for i, e in enumerate(episodes) if not e.success and not self._is_noisy(i)]
@@ -517,6 +534,7 @@ class DemonstrationDataModule(AgentDataModule):
                         for i, e in enumerate(episodes)]
             if self.path and self.world[0] == 0:  # one writer under DDP
                 write_episodes(episodes, self.path)
+                rank_zero_info(f"wrote {len(episodes)} expert demonstrations to {self.path}")
         policy = self.trainer.lightning_module.policy
         rollouts = [self.agent.replay(policy, self.env, e, i) for i, e in enumerate(episodes)]
         # agents that play a demonstration again (multi-session, recursive) can fail where the
@@ -526,6 +544,18 @@ class DemonstrationDataModule(AgentDataModule):
             rank_zero_warn(f"{len(lost)} of {len(rollouts)} demonstrations failed when {type(self.agent).__name__} "
                            f"played them again (e.g. {rollouts[min(lost)].task_id}); they are left out")
         return [r for i, r in enumerate(rollouts) if i not in lost]
+
+    def _read_demonstrations(self, path: Path) -> list:
+        """The episodes of ``path``, refused where they cannot be this fit's demonstrations."""
+        episodes = read_episodes(path)
+        if not episodes:
+            raise ValueError(f"demonstrations {path} hold no episodes")
+        mine = f"{type(self.env).__module__}.{type(self.env).__qualname__}"
+        other = next((e.env for e in episodes if e.env and e.env != mine), None)
+        if self.check_env and other is not None:
+            raise ValueError(f"demonstrations {path} were recorded in {other}, but this config's env is {mine}: "
+                             "use demonstrations of this env, or set data.init_args.check_env: false")
+        return episodes
 
     def _is_noisy(self, i: int) -> bool:
         return _spread(i, self.noisy)

@@ -30,6 +30,7 @@ from torchmetrics import MeanMetric
 
 from lit_agents.algorithms.advantages import zero_signal_fraction
 from lit_agents.algorithms.collate import Batch, Row, session_rows
+from lit_agents.checkpointing import check_trainable_tensors
 from lit_agents.data.rollouts import AgentDataModule
 from lit_agents.policy import AgentPolicy
 from lit_agents.types import Rollout
@@ -223,21 +224,8 @@ class AgentModule(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Check the checkpoint holds exactly this policy's trainable tensors (loading is
         non-strict because frozen ones are left out), then restore the random states."""
-        source = checkpoint.get("lit_agents_path", "the checkpoint")
-        state = checkpoint.get("state_dict", {})
-        params = dict(self.policy.named_parameters())
-        wanted = {f"policy.{n}": p for n, p in params.items() if p.requires_grad}
-        missing = sorted(set(wanted) - set(state))
-        unknown = sorted(k for k in state if k.startswith("policy.") and k[len("policy.") :] not in params)
-        shapes = [f"{k}: {tuple(state[k].shape)} in the file, {tuple(p.shape)} here"
-                  for k, p in wanted.items() if k in state and state[k].shape != p.shape]
-        if missing or unknown or shapes:
-            details = "; ".join(filter(None, [
-                f"missing {len(missing)} trainable tensors, e.g. {missing[:3]}" if missing else "",
-                f"{len(unknown)} tensors this policy does not have, e.g. {unknown[:3]}" if unknown else "",
-                f"shape mismatch: {shapes[:3]}" if shapes else "",
-            ]))
-            raise ValueError(f"{source} does not match this model/adapter configuration: {details}")
+        check_trainable_tensors(self.policy, checkpoint.get("state_dict", {}),
+                                checkpoint.get("lit_agents_path", "the checkpoint"))
         self.skipped_steps = checkpoint.get("skipped_steps", 0)
         rng = checkpoint.get("rng_states")
         if rng:

@@ -148,6 +148,32 @@ class GRPOPolicy(AgentModule):
             return self.hparams.temperature
         return (self.data_module.agent.temperature or 1.0) if self.data_module is not None else 1.0
 
+    def connect_data(self, data) -> None:
+        """Refuse a group size that cannot train: with GRPO's own credit (`rollouts_to_rows` and
+        `rollout_advantages` not overridden, no ``turn_credit``), a group of one rollout has no
+        other to compare with."""
+        super().connect_data(data)
+        reason = self._why_groups_of_one_cannot_train() if getattr(data, "group_size", None) == 1 else None
+        if reason:
+            raise ValueError(f"data.init_args.group_size: 1 cannot train {type(self).__name__}: {reason}; "
+                             "set group_size to 2 or more")
+
+    def _why_groups_of_one_cannot_train(self) -> str | None:
+        hp = self.hparams
+        # GRPO's own credit: neither method overridden by a subclass nor replaced on the instance
+        own = all(getattr(getattr(self, name), "__func__", None) is getattr(GRPOPolicy, name)
+                  for name in ("rollouts_to_rows", "rollout_advantages"))
+        if hp.turn_credit or not own:
+            return None
+        if hp.drop_zero_signal:
+            return "a group of one always scores alike, so drop_zero_signal drops every group"
+        if hp.error_baseline:  # the turns after a failed action are credited against the batch
+            return None
+        probe = self.advantage(torch.tensor([1.0, 0.0]), torch.tensor([0, 1]))  # two groups of one
+        if not probe.abs().sum() > 0:
+            return f"its advantage ({hp.advantage}) compares each rollout with the others of its group"
+        return None
+
     # ------------------------------------------------------------------ extension points
     def rollout_rewards(self, rollouts: list[Rollout]) -> Tensor:
         """The reward each rollout is trained on. [N]. Default: the environment's

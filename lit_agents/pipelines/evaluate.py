@@ -16,7 +16,9 @@ sample per seed), on the trainer's device and precision, ``val_chunk`` tasks at 
     lit-agents eval -c configs/quickstart.yaml --split test --seeds 0,1,2     # the untrained model
 
 Writes to ``--out`` (default: ``<log_dir>/eval/<checkpoint>-<split>`` for a `LoRACheckpoint`
-folder, ``<weights>-eval-<split>`` for other weights, ``runs/eval/<config>-<split>`` without):
+folder, ``<weights>-eval-<split>`` for other weights, ``runs/eval/<config>-<split>`` without; a
+default folder that holds results already is kept and the new ones go to ``...-v1``, ``-v2``...; an
+``--out`` that holds files is refused unless ``--overwrite``):
 ``results.csv`` (one row per rollout), ``rollouts.jsonl`` (the rollouts, for ``lit-agents view``),
 ``summary.csv`` and ``summary.md`` (overall, then per ``--group-by`` value) and ``success.png``.
 A group key is a result column (``sessions``, ``reason``...) or else looked up in the task's
@@ -337,6 +339,15 @@ def default_out(config: str | Path, weights: str | Path | None, split: str) -> P
     return weights.with_name(f"{weights.name}-eval-{split}")
 
 
+def free_version(folder: Path) -> Path:
+    """``folder`` if it is missing or empty, else the first missing or empty ``<folder>-vN``."""
+    candidate, n = folder, 0
+    while candidate.is_dir() and any(candidate.iterdir()):
+        n += 1
+        candidate = folder.with_name(f"{folder.name}-v{n}")
+    return candidate
+
+
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """The command's own options, and the LightningCLI overrides (``--key=value``) left over."""
     parser = argparse.ArgumentParser(prog="lit-agents eval", description=__doc__.split("\n\n")[0], allow_abbrev=False,
@@ -354,19 +365,23 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--seeds", help="comma-separated data seeds, one task sample each; default: the config's seed")
     parser.add_argument("--group-by", default="depth", help="a result column, or a task/rollout meta key ('' = none)")
     parser.add_argument("--sample", action="store_true", help="sample at the agent's temperature instead of greedy")
-    parser.add_argument("--out", type=Path, help="output folder (default: next to the weights, or runs/eval)")
+    parser.add_argument("--out", type=Path, help="output folder (default: next to the weights, or runs/eval; "
+                                                 "a new -vN folder where results are already)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the results an --out folder holds")
     return parser.parse_known_args(list(argv))
 
 
 def main(argv: list[str] | None = None) -> Report:
     args, overrides = parse(sys.argv[1:] if argv is None else argv)
+    if args.out is not None and args.out.is_dir() and any(args.out.iterdir()) and not args.overwrite:
+        raise FileExistsError(f"{args.out} holds files already: pass --overwrite to replace them, or another --out")
     cli = build(args.config, overrides, args.adapter, args.model)
     dm = cli.datamodule
     split = args.split or dm.val_split
     tasks = tasks_asked(dm, args.tasks)
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [dm.seed]
     weights = args.adapter or args.model or "the config's model"
-    out = args.out or default_out(args.config[-1], args.adapter or args.model, split)
+    out = args.out or free_version(default_out(args.config[-1], args.adapter or args.model, split))
     mode = "sampled" if args.sample else "greedy"
     if sys.stderr.isatty():  # the agent's progress bars (turns, decode steps), interactively
         dm.agent.show_progress = True

@@ -8,6 +8,8 @@ order) of the train goals the RL stage practises (``val``: both configs name the
 ``train_goals`` / ``val_goals``); printed as a table and written to ``<out>/results.json``.
 The RL stage's last training rollouts (with their advantages) and its held-out rollouts after
 training go to ``<out>/rollouts.html`` (`lit_agents.viewer`).
+An ``--out`` that holds files (an earlier quick start) is refused: its SFT model, which the RL
+stage's adapters were trained on, and its results stay as they were.
 
     lit-agents quickstart                          # the README's main command (via make)
     lit-agents quickstart --out runs/qs --seed 1
@@ -142,6 +144,8 @@ def run(config_dir: Path, out: Path, seed: int, sft: list[str], rl: list[str],
         untrained_tasks: int = 32) -> dict[str, Any]:
     """Run both stages; returns the results dict. The untrained model plays every episode to the
     step limit, so its row is measured on the first ``untrained_tasks`` tasks of each split."""
+    if out.is_dir() and any(out.iterdir()):
+        raise FileExistsError(f"{out} holds an earlier quick start: pass another --out, or remove it first")
     started = time.perf_counter()
     args = stages(config_dir, out, seed, sft, rl)
     stage1 = AgentsCLI(args=args["sft"], run=False)
