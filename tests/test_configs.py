@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lora_weights import set_lora_b
 
 from lit_agents.cli import AgentsCLI, main
 
@@ -53,15 +54,10 @@ def smollm2_folder(tmp_path_factory):
 def smollm2_adapter(smollm2_folder, tmp_path_factory):
     """A LoRA adapter of the 2-layer SmolLM2 (its B moved off 0): the `merge_adapter` of a config that
     starts from a LoRA SFT run."""
-    import torch
-
     from lit_agents.policy import AgentPolicy
 
     policy = AgentPolicy(model=smollm2_folder, lora_r=4, lora_targets="all-linear")
-    with torch.no_grad():
-        for name, p in policy.model.named_parameters():
-            if "lora_B" in name:
-                p.add_(0.01)
+    set_lora_b(policy.model, value=0.01)
     return str(policy.save_role("default", tmp_path_factory.mktemp("smollm2_sft_adapter")))
 
 

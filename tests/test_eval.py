@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from lora_weights import set_lora_b
 
 from lit_agents.callbacks import LoRACheckpoint
 from lit_agents.cli import main as cli_main
@@ -79,14 +80,7 @@ def test_eval_writes_results_that_the_summary_adds_up(tmp_path, capsys, config, 
 
 def _perturbed_lora(cli, seed: int = 0) -> dict[str, torch.Tensor]:
     """Give every LoRA B matrix random weights (fresh adapters are the identity)."""
-    generator = torch.Generator().manual_seed(seed)
-    weights = {}
-    with torch.no_grad():
-        for name, param in cli.model.policy.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 2.0)
-                weights[name] = param.detach().clone()
-    return weights
+    return set_lora_b(cli.model.policy, std=2.0, generator=torch.Generator().manual_seed(seed))
 
 
 def _completions(path: Path) -> list[str]:

@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 from lightning.pytorch import Trainer
+from lora_weights import set_lora_b
 
 from lit_agents.agents import ReActAgent
 from lit_agents.callbacks import KLAnchor, LoRACheckpoint, SessionMetrics
@@ -128,10 +129,7 @@ def test_snapshot_anchor_under_lora_is_the_started_adapter(tiny_config, textcraf
     for reference in ("snapshot", "base"):
         torch.manual_seed(0)
         policy = AgentPolicy(tiny=tiny_config, lora_r=4, lora_targets="all-linear", lora_dropout=0.0)
-        with torch.no_grad():  # "SFT": a non-zero adapter
-            for name, p in policy.model.named_parameters():
-                if "lora_B" in name:
-                    p.normal_(0.0, 0.5)
+        set_lora_b(policy.model, std=0.5)  # "SFT": a non-zero adapter
         module = GRPOPolicy(policy, lr=1e-2, drop_zero_signal=False)
         module.rollout_advantages = lambda rollouts: torch.linspace(-1, 1, len(rollouts))
         data = RolloutDataModule(textcraft, ReActAgent(max_new_tokens=8), tasks_per_epoch=2, group_size=4,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lora_weights import set_lora_b
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -81,10 +82,7 @@ def test_roles_adapters_and_reference(tiny_config, tmp_path):
     base = policy.token_logprobs(ids, mask)
     # a fresh LoRA adapter (B = 0) equals the base: KL to the reference is 0 at step 0
     torch.testing.assert_close(base, policy.token_logprobs(ids, mask))
-    with torch.no_grad():
-        for name, p in policy.model.named_parameters():
-            if "lora_B.executor" in name:
-                p.add_(0.5)
+    set_lora_b(policy.model, value=0.5, role="executor")
     with policy.role("executor"):
         changed = policy.token_logprobs(ids, mask)
         with policy.adapters_disabled():
@@ -149,10 +147,7 @@ def test_full_finetune_saves_a_loadable_model(tiny_config, tmp_path):
 
 def test_save_pretrained_merges_a_copy_and_keeps_the_adapters(tiny_config, tmp_path):
     policy = AgentPolicy(tiny=tiny_config, lora_r=4).eval()
-    with torch.no_grad():
-        for name, p in policy.model.named_parameters():
-            if "lora_B" in name:
-                p.add_(0.3)
+    set_lora_b(policy.model, value=0.3)
     ids = torch.tensor([[3, 4, 5, 6, 7]])
     expected = policy.token_logprobs(ids, torch.ones_like(ids))
     policy.save_pretrained(tmp_path / "merged")
@@ -167,10 +162,7 @@ def test_merge_adapter_starts_from_the_lora_trained_model(tiny_config, tmp_path)
     model, and the KL reference `base` (adapters disabled) is the merged model, not the raw base."""
     AgentPolicy(tiny=tiny_config, finetune="full").save_pretrained(tmp_path / "base")
     sft = AgentPolicy(model=str(tmp_path / "base"), lora_r=4).eval()
-    with torch.no_grad():
-        for name, p in sft.model.named_parameters():
-            if "lora_B" in name:
-                p.add_(0.3)
+    set_lora_b(sft.model, value=0.3)
     ids = torch.tensor([[3, 4, 5, 6, 7]])
     mask = torch.ones_like(ids)
     trained = sft.token_logprobs(ids, mask)
@@ -282,10 +274,7 @@ def test_merged_adapter_generates_as_the_live_adapter_and_restores_the_weights(t
 
     torch.manual_seed(0)
     policy = AgentPolicy(tiny=tiny_config, lora_r=4, lora_targets="all-linear").eval()
-    with torch.no_grad():
-        for name, p in policy.model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.2)  # an adapter that changes what the model writes
+    set_lora_b(policy.model, std=0.2)  # an adapter that changes what the model writes
     before = {n: (p.data_ptr(), p.detach().clone()) for n, p in policy.model.named_parameters()}
     prompts, params = [[3, 4, 5, 6], [7, 8, 9]], SamplingParams(max_new_tokens=12, temperature=0.0)
 
@@ -328,10 +317,7 @@ def test_shared_prefixes_give_the_same_logprobs_and_gradients(arch, tiny_folder,
 
     folder = _arch_folder(arch, tiny_folder, tmp_path)
     policy = AgentPolicy(folder, lora_r=4, lora_dropout=0.0, lora_targets="all-linear").train()
-    with torch.no_grad():
-        for name, p in policy.model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.1)
+    set_lora_b(policy.model, std=0.1)
     gen = torch.Generator().manual_seed(1)
 
     def ids(n: int) -> list[int]:

