@@ -150,6 +150,9 @@ def test_save_pretrained_merges_a_copy_and_keeps_the_adapters(tiny_config, tmp_p
     set_lora_b(policy.model, value=0.3)
     ids = torch.tensor([[3, 4, 5, 6, 7]])
     expected = policy.token_logprobs(ids, torch.ones_like(ids))
+    with policy.adapters_disabled():
+        base = policy.token_logprobs(ids, torch.ones_like(ids))
+    assert not torch.allclose(expected, base, atol=1e-3)  # the adapter matters: a merge that drops it fails below
     policy.save_pretrained(tmp_path / "merged")
     assert policy.roles == ["default"]  # still a LoRA policy
     torch.testing.assert_close(policy.token_logprobs(ids, torch.ones_like(ids)), expected)
