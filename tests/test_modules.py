@@ -248,6 +248,22 @@ def test_demonstrations_round_trip_through_jsonl(tiny_config, textcraft, tmp_pat
     assert [r.input_ids for r in again.rows] == [r.input_ids for r in first.rows]
 
 
+def test_generated_demonstrations_are_not_read_by_a_fit_that_asks_for_others(tiny_config, textcraft, tmp_path):
+    """A run folder's generated data file is reused only by a fit with the same settings: one
+    that changes them (here the count, then the seed) is told, not trained on the old file."""
+    policy = AgentPolicy(tiny=tiny_config, finetune="full")
+    path = tmp_path / "demos.jsonl"
+    _trainer(tmp_path).fit(System1SFT(policy), datamodule=DemonstrationDataModule(
+        textcraft, demos=3, val_tasks=0, path=str(path), generate=True, seed=0))
+    assert (tmp_path / "demos.settings.json").exists()
+    same = DemonstrationDataModule(textcraft, demos=3, val_tasks=0, path=str(path), generate=True, seed=0)
+    _trainer(tmp_path).fit(System1SFT(policy), datamodule=same)  # the same settings: read again
+    with pytest.raises(ValueError, match=r"other settings .*demos=3 -> 4"):
+        DemonstrationDataModule(textcraft, demos=4, val_tasks=0, path=str(path), generate=True, seed=0).demonstrations()
+    with pytest.raises(ValueError, match=r"seed=0 -> 1"):
+        DemonstrationDataModule(textcraft, demos=3, val_tasks=0, path=str(path), generate=True, seed=1).demonstrations()
+
+
 def test_cosine_schedule_warms_up_then_decays_to_zero(tiny_config, textcraft, tmp_path):
     module = System1SFT(AgentPolicy(tiny=tiny_config, finetune="full"), lr=1.0, warmup_steps=2, lr_schedule="cosine")
     trainer = _trainer(tmp_path)

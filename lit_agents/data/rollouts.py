@@ -14,13 +14,14 @@ Under DDP every rank plays its own tasks, whole groups on one rank.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -426,6 +427,11 @@ class RolloutDataModule(AgentDataModule):
         return self._loader(steps)
 
 
+def _settings_file(demonstrations: Path) -> Path:
+    """Where the settings that generated ``demonstrations`` are kept: ``x.jsonl`` -> ``x.settings.json``."""
+    return demonstrations.with_suffix(".settings.json")
+
+
 def _spread(i: int, fraction: float, phase: float = 0.0) -> bool:
     """Whether item ``i`` is among a ``fraction`` of the items, spread evenly over the indices."""
     return fraction > 0 and (i * fraction + phase) % 1.0 + fraction >= 1.0
@@ -444,7 +450,9 @@ class DemonstrationDataModule(AgentDataModule):
             writes). Bring your own demonstrations here. A missing file is an error unless
             ``generate``; an empty one always is. ``None``: the expert's, generated each fit.
         generate: with ``path``, generate the expert's demonstrations and write them there when
-            the file does not exist (one line says where).
+            the file does not exist (one line says where), with the settings that decide them
+            beside it (``x.settings.json``): a later fit asking for others (``noisy``, ``demos``,
+            ``seed``, the env's tasks, ...) is refused instead of training on these.
         check_env: refuse demonstrations recorded in another env than ``env`` (each line's
             ``env``, which ``lit-agents demos`` writes); ``False`` trains on them anyway.
         val_tasks, val_greedy, val_chunk, seed, val_split: see `AgentDataModule`.
@@ -524,6 +532,8 @@ class DemonstrationDataModule(AgentDataModule):
     def demonstrations(self) -> list[Rollout]:
         """Expert rollouts tokenized for the policy, from ``path`` when it exists."""
         if self.path and (Path(self.path).exists() or not self.generate):
+            if self.generate:
+                self._check_generated_alike(Path(self.path))
             episodes = self._read_demonstrations(Path(self.path))
         else:
             episodes = self._expert_episodes(self.demo_tasks())
@@ -534,6 +544,7 @@ class DemonstrationDataModule(AgentDataModule):
                         for i, e in enumerate(episodes)]
             if self.path and self.world[0] == 0:  # one writer under DDP
                 write_episodes(episodes, self.path)
+                _settings_file(Path(self.path)).write_text(json.dumps(self.generation_settings(), indent=1))
                 rank_zero_info(f"wrote {len(episodes)} expert demonstrations to {self.path}")
         policy = self.trainer.lightning_module.policy
         rollouts = [self.agent.replay(policy, self.env, e, i) for i, e in enumerate(episodes)]
@@ -544,6 +555,27 @@ class DemonstrationDataModule(AgentDataModule):
             rank_zero_warn(f"{len(lost)} of {len(rollouts)} demonstrations failed when {type(self.agent).__name__} "
                            f"played them again (e.g. {rollouts[min(lost)].task_id}); they are left out")
         return [r for i, r in enumerate(rollouts) if i not in lost]
+
+    def generation_settings(self) -> dict[str, Any]:
+        """What decides the expert's demonstrations this module generates: written beside them,
+        so that a later fit asking for others does not read these silently."""
+        tasks = hashlib.sha256("\n".join(t.task_id for t in self.demo_tasks()).encode()).hexdigest()[:16]
+        return {"env": f"{type(self.env).__module__}.{type(self.env).__qualname__}", "agent": type(self.agent).__name__,
+                "tasks": tasks, "demos": self.demos, "seed": self.seed, "noisy": self.noisy,
+                "epsilon": self.epsilon, "renamed": self.renamed}
+
+    def _check_generated_alike(self, path: Path) -> None:
+        """Refuse generated demonstrations at ``path`` whose settings differ from this fit's (files
+        without settings beside them, e.g. a user's own, are read as they are)."""
+        saved = _settings_file(path)
+        if not saved.exists():
+            return
+        before, now = json.loads(saved.read_text()), self.generation_settings()
+        differ = [f"{k}={before.get(k)!r} -> {now[k]!r}" for k in now if before.get(k) != now[k]]
+        if differ:
+            raise ValueError(f"demonstrations {path} were generated with other settings than this fit asks for "
+                             f"({', '.join(differ)}): delete {path} to generate them again, or set another "
+                             "data.init_args.path")
 
     def _read_demonstrations(self, path: Path) -> list:
         """The episodes of ``path``, refused where they cannot be this fit's demonstrations."""
