@@ -544,7 +544,9 @@ class DemonstrationDataModule(AgentDataModule):
                         for i, e in enumerate(episodes)]
             if self.path and self.world[0] == 0:  # one writer under DDP
                 write_episodes(episodes, self.path)
-                _settings_file(Path(self.path)).write_text(json.dumps(self.generation_settings(), indent=1))
+                settings, tmp = _settings_file(Path(self.path)), Path(f"{self.path}.settings.tmp")
+                tmp.write_text(json.dumps(self.generation_settings(), indent=1))
+                tmp.replace(settings)  # whole or absent, as write_episodes leaves the data
                 rank_zero_info(f"wrote {len(episodes)} expert demonstrations to {self.path}")
         policy = self.trainer.lightning_module.policy
         rollouts = [self.agent.replay(policy, self.env, e, i) for i, e in enumerate(episodes)]
